@@ -1,0 +1,398 @@
+"""Field specifications, the dataset schema and its Arrow encoding.
+
+The schema is authoritative: it fixes every field's key, role, per-step shape,
+dtype and where it is stored (a list column of the episode table, or a Zarr v3
+tensor array). Delta Lake has no unsigned integers, no float16 and no complex
+numbers, so table columns use a lossless *storage* dtype and reads restore the
+schema dtype exactly (see :func:`storage_dtype`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from .errors import SchemaError
+
+ROLES = ("observation", "action", "reward", "extra", "meta")
+STEP_ROLES = ("observation", "action", "reward", "extra")
+ROLE_ALIASES = {
+    "obs": "observation",
+    "observations": "observation",
+    "actions": "action",
+    "rewards": "reward",
+    "extras": "extra",
+}
+# Columns of the episode table that no field may shadow.
+RESERVED_COLUMNS = frozenset(
+    {
+        "episode_id",
+        "length",
+        "terminated",
+        "truncated",
+        "return",
+        "created_at",
+        "writer",
+        "seq",
+        "observation",
+        "action",
+        "reward",
+        "extra",
+        "t",
+    }
+)
+TABLE_STEP_LIMIT = 1024  # bytes per step under which "auto" stores a field in the table
+STRING_LIMIT = 4096  # longest accepted meta string, in bytes
+
+_NAME_PART = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
+_NUMERIC_KINDS = "biufc"
+
+
+def normalize_dtype(dtype: Any) -> np.dtype:
+    """Return the NumPy dtype for ``dtype`` ("str" for strings); reject the rest."""
+    if dtype in ("str", "string", str):
+        return np.dtype("U")
+    try:
+        dt = np.dtype(dtype)
+    except TypeError as exc:
+        raise SchemaError(f"unsupported dtype {dtype!r}") from exc
+    if dt.kind not in _NUMERIC_KINDS and dt.kind != "U":
+        raise SchemaError(f"unsupported dtype {dt} (numeric, bool or str only)")
+    return dt.newbyteorder("=") if dt.kind != "U" else np.dtype("U")
+
+
+def storage_dtype(dtype: np.dtype) -> np.dtype:
+    """The dtype a table column stores ``dtype`` as (lossless; restored on read).
+
+    uint8/16/32 widen to the next signed integer so SQL sees true values;
+    uint64 is bit-reinterpreted as int64 (documented: SQL sees it signed);
+    float16 widens to float32; complex is stored as a trailing (re, im) axis.
+    """
+    return {
+        "u1": np.dtype("int16"),
+        "u2": np.dtype("int32"),
+        "u4": np.dtype("int64"),
+        "u8": np.dtype("int64"),
+        "f2": np.dtype("float32"),
+        "c8": np.dtype("float32"),
+        "c16": np.dtype("float64"),
+    }.get(dtype.str[1:], dtype)
+
+
+def to_storage(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """Encode ``values`` (of schema ``dtype``) into its table storage dtype."""
+    if dtype.kind == "c":
+        return values.view(storage_dtype(dtype)).reshape(*values.shape, 2)
+    if dtype == np.uint64:
+        return values.view(np.int64)
+    return values.astype(storage_dtype(dtype), copy=False)
+
+
+def from_storage(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """Decode table storage ``values`` back to schema ``dtype`` exactly."""
+    if dtype.kind == "c":
+        return np.ascontiguousarray(values).view(dtype)[..., 0]
+    if dtype == np.uint64:
+        return values.view(np.uint64)
+    return values.astype(dtype, copy=False)
+
+
+def validate_name(name: str, what: str = "field") -> str:
+    """Check a field name: `/`-separated parts, none empty, `.` or `..`."""
+    if not isinstance(name, str) or not name:
+        raise SchemaError(f"{what} name must be a non-empty string, got {name!r}")
+    for part in name.split("/"):
+        if part in ("", ".", "..") or not _NAME_PART.match(part):
+            raise SchemaError(
+                f"invalid {what} name {name!r}: parts must match "
+                "[A-Za-z0-9_][A-Za-z0-9_.-]* and may not be empty, '.' or '..'"
+            )
+    return name
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """One field of the schema.
+
+    Args:
+        name: key inside its role; nested keys use ``/`` (``"keyboard/jump"``).
+        shape: per-step shape (per-episode for ``role="meta"``).
+        dtype: any NumPy numeric dtype, ``bool``, or ``"str"`` (meta only).
+        role: observation, action, reward, extra (per-step) or meta (per-episode).
+        layout: optional axis labels, e.g. ``"CHW"``; the ``C`` axis gets
+            per-channel statistics.
+        storage: ``"auto"`` (table up to 1 KiB per step), ``"table"`` or ``"tensor"``.
+        finite: reject NaN and infinity on write.
+        chunk_rows: rows per Zarr chunk for tensor fields (default: ~1 MiB chunks).
+        compression: ``None`` (raw bytes) or ``"zstd"`` for tensor fields.
+        description: free text, kept in the descriptor.
+    """
+
+    name: str
+    shape: tuple[int, ...] = ()
+    dtype: Any = "float32"
+    role: str = "observation"
+    layout: str | None = None
+    storage: str = "auto"
+    finite: bool = False
+    chunk_rows: int | None = None
+    compression: str | None = None
+    description: str = ""
+    np_dtype: np.dtype = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        role = ROLE_ALIASES.get(self.role, self.role)
+        if role not in ROLES:
+            raise SchemaError(f"field {self.name!r}: unknown role {self.role!r}; use one of {ROLES}")
+        object.__setattr__(self, "role", role)
+        validate_name(self.name)
+        try:
+            shape = tuple(int(s) for s in self.shape)
+        except TypeError as exc:
+            raise SchemaError(f"field {self.name!r}: shape must be a tuple of ints") from exc
+        if any(s <= 0 for s in shape):
+            raise SchemaError(f"field {self.name!r}: shape {shape} must be positive")
+        object.__setattr__(self, "shape", shape)
+        dt = normalize_dtype(self.dtype)
+        if dt.kind == "U" and role != "meta":
+            raise SchemaError(f"field {self.name!r}: str dtype is only allowed for meta fields")
+        object.__setattr__(self, "np_dtype", dt)
+        object.__setattr__(self, "dtype", "str" if dt.kind == "U" else dt.name)
+        if self.storage not in ("auto", "table", "tensor"):
+            raise SchemaError(f"field {self.name!r}: storage must be auto, table or tensor")
+        if role == "meta" and self.storage == "tensor":
+            raise SchemaError(f"meta field {self.name!r} cannot use tensor storage")
+        if self.layout is not None and len(self.layout) != len(shape):
+            raise SchemaError(f"field {self.name!r}: layout {self.layout!r} does not match shape {shape}")
+        if self.compression not in (None, "zstd"):
+            raise SchemaError(f"field {self.name!r}: compression must be None or 'zstd'")
+        if self.chunk_rows is not None and self.chunk_rows <= 0:
+            raise SchemaError(f"field {self.name!r}: chunk_rows must be positive")
+
+    @property
+    def key(self) -> str:
+        """Stable key across roles: ``role`` when the name is the role, else ``role/name``."""
+        if self.role == "meta" or self.name == self.role:
+            return self.name
+        return f"{self.role}/{self.name}"
+
+    @property
+    def step_bytes(self) -> int:
+        return self.np_dtype.itemsize * math.prod(self.shape) if self.np_dtype.kind != "U" else 0
+
+    @property
+    def in_tensor(self) -> bool:
+        """True when the field lives in a Zarr tensor array rather than the table."""
+        if self.role == "meta":
+            return False
+        if self.storage == "auto":
+            return self.step_bytes > TABLE_STEP_LIMIT
+        return self.storage == "tensor"
+
+    @property
+    def channel_axis(self) -> int | None:
+        """Axis (of the per-step shape) that statistics keep separate, if any."""
+        if self.layout and "C" in self.layout:
+            return self.layout.index("C")
+        if len(self.shape) == 1:
+            return 0
+        return None
+
+    @property
+    def stat_channels(self) -> int:
+        axis = self.channel_axis
+        return 1 if axis is None else self.shape[axis]
+
+    @property
+    def rows_per_chunk(self) -> int:
+        if self.chunk_rows:
+            return self.chunk_rows
+        return max(1, min(4096, (1 << 20) // max(1, self.step_bytes)))
+
+    def arrow_type(self) -> pa.DataType:
+        """Arrow type of this field's table column (list over time, then dims)."""
+        if self.np_dtype.kind == "U":
+            return pa.string()
+        value = pa.from_numpy_dtype(storage_dtype(self.np_dtype))
+        dims = len(self.shape) + (1 if self.np_dtype.kind == "c" else 0)
+        typ = value
+        for _ in range(dims):
+            typ = pa.list_(typ)
+        return typ if self.role == "meta" else pa.list_(typ)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "shape": list(self.shape),
+            "dtype": self.dtype,
+            "role": self.role,
+            "layout": self.layout,
+            "storage": self.storage,
+            "finite": self.finite,
+            "chunk_rows": self.chunk_rows,
+            "compression": self.compression,
+            "description": self.description,
+        }
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> FieldSpec:
+        return cls(**{**obj, "shape": tuple(obj["shape"])})
+
+
+class DatasetSchema:
+    """An ordered, validated collection of :class:`FieldSpec`.
+
+    Contract: keys are unique, meta names do not collide with reserved table
+    columns, and at least one observation, action and reward field exist.
+    """
+
+    def __init__(self, fields: Iterable[FieldSpec]) -> None:
+        self.fields: tuple[FieldSpec, ...] = tuple(fields)
+        for f in self.fields:
+            if not isinstance(f, FieldSpec):
+                raise SchemaError(f"schema entries must be FieldSpec, got {type(f).__name__}")
+        keys = [f.key for f in self.fields]
+        dup = {k for k in keys if keys.count(k) > 1}
+        if dup:
+            raise SchemaError(f"duplicate field keys: {sorted(dup)}")
+        for f in self.fields:
+            if f.role == "meta" and (f.name in RESERVED_COLUMNS or "/" in f.name):
+                raise SchemaError(f"meta field name {f.name!r} is reserved or nested")
+        for role in ("observation", "action", "reward"):
+            if not self.role_fields(role):
+                raise SchemaError(f"schema needs at least one {role} field")
+        self._by_key = {f.key: f for f in self.fields}
+
+    def __iter__(self):
+        return iter(self.fields)
+
+    def __len__(self) -> int:
+        return len(self.fields)
+
+    def __getitem__(self, key: str) -> FieldSpec:
+        try:
+            return self._by_key[key]
+        except KeyError:
+            raise KeyError(f"no field with key {key!r}; keys: {list(self._by_key)}") from None
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, DatasetSchema) and self.to_json() == other.to_json()
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{f.key}:{f.dtype}{list(f.shape)}" for f in self.fields)
+        return f"DatasetSchema({inner})"
+
+    def role_fields(self, role: str) -> tuple[FieldSpec, ...]:
+        return tuple(f for f in self.fields if f.role == role)
+
+    def unwrapped(self, role: str) -> bool:
+        """A role built from exactly one field reads as that array, not a mapping."""
+        return len(self.role_fields(role)) == 1
+
+    @property
+    def step_fields(self) -> tuple[FieldSpec, ...]:
+        return tuple(f for f in self.fields if f.role != "meta")
+
+    @property
+    def meta_fields(self) -> tuple[FieldSpec, ...]:
+        return self.role_fields("meta")
+
+    @property
+    def tensor_fields(self) -> tuple[FieldSpec, ...]:
+        return tuple(f for f in self.fields if f.in_tensor)
+
+    @property
+    def table_step_fields(self) -> tuple[FieldSpec, ...]:
+        return tuple(f for f in self.step_fields if not f.in_tensor)
+
+    def to_json(self) -> list[dict[str, Any]]:
+        return [f.to_json() for f in self.fields]
+
+    @classmethod
+    def from_json(cls, obj: Sequence[Mapping[str, Any]]) -> DatasetSchema:
+        return cls(FieldSpec.from_json(o) for o in obj)
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json())
+
+
+def flatten_role(value: Any, prefix: str = "") -> dict[str, Any]:
+    """Flatten nested mappings into ``/``-joined keys; leaves are kept as is."""
+    if isinstance(value, Mapping):
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            out.update(flatten_role(v, f"{prefix}{k}/"))
+        return out
+    return {prefix[:-1]: value}
+
+
+def _infer_spec(name: str, value: Any, role: str, per_step: bool) -> FieldSpec:
+    arr = np.asarray(value)
+    if arr.dtype.kind in "US":
+        return FieldSpec(name, (), "str", role=role)
+    if arr.dtype == np.float64 and role == "reward":
+        arr = arr.astype(np.float32)
+    shape = arr.shape[1:] if per_step else arr.shape
+    return FieldSpec(name, shape, arr.dtype, role=role)
+
+
+def infer_schema(episode: Mapping[str, Any]) -> DatasetSchema:
+    """Infer a schema from one episode in the dict form of :meth:`Dataset.from_episodes`.
+
+    ``observations``/``actions``/``rewards`` (and optional ``extras``) are arrays
+    with a leading time axis or (nested) dicts of them; ``meta`` is a dict of
+    per-episode values. A plain array becomes a field named after its role.
+    """
+    from .writer import EPISODE_KEYS  # local: writer depends on schema
+
+    fields: list[FieldSpec] = []
+    for key, role in EPISODE_KEYS.items():
+        if key not in episode:
+            continue
+        for name, value in flatten_role(episode[key]).items():
+            fields.append(_infer_spec(name or role, value, role, per_step=True))
+    for name, value in (episode.get("meta") or {}).items():
+        fields.append(_infer_spec(name, value, "meta", per_step=False))
+    return DatasetSchema(fields)
+
+
+def schema_from_gym_spaces(
+    observation_space: Any,
+    action_space: Any,
+    reward_dtype: Any = "float32",
+    meta: Sequence[FieldSpec] = (),
+) -> DatasetSchema:
+    """Build a schema from Gymnasium spaces (Box, Discrete, MultiDiscrete, MultiBinary, Dict).
+
+    Dict spaces (nested too) become ``/``-keyed fields of the role; any other
+    space becomes one field named after its role.
+    """
+    fields = _space_fields(observation_space, "observation", "observation")
+    fields += _space_fields(action_space, "action", "action")
+    fields.append(FieldSpec("reward", (), reward_dtype, role="reward"))
+    return DatasetSchema([*fields, *meta])
+
+
+def _space_fields(space: Any, name: str, role: str) -> list[FieldSpec]:
+    kind = type(space).__name__
+    if kind == "Dict":
+        out: list[FieldSpec] = []
+        for k, sub in space.spaces.items():
+            out += _space_fields(sub, k if name == role else f"{name}/{k}", role)
+        return out
+    if kind == "Discrete":
+        return [FieldSpec(name, (), np.int64, role=role)]
+    if kind in ("Box", "MultiDiscrete", "MultiBinary"):
+        layout = None
+        shape = tuple(space.shape)
+        if kind == "Box" and len(shape) == 3 and np.dtype(space.dtype) == np.uint8:
+            layout = "HWC" if shape[-1] in (1, 3, 4) else "CHW"
+        return [FieldSpec(name, shape, space.dtype, role=role, layout=layout)]
+    raise SchemaError(f"unsupported gym space {kind} for {role} {name!r}")

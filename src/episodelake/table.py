@@ -1,0 +1,148 @@
+"""The Delta Lake episode table: one row per episode, committed atomically.
+
+Columns: ``episode_id`` (int64, unique and stable), ``writer``, ``length``,
+``terminated``, ``truncated``, ``return``, ``created_at``, one column per meta
+field, one list column per small per-step field (``[T(+1)][dims...]``), and for
+each tensor field ``ref/<key>`` (first row in the writer's array) and
+``crc/<key>`` (CRC-32 of the episode's rows). Every numeric per-step field
+also has mergeable statistics ``stats/<key>/{count,sum,sumsq,min,max}`` (lists
+over channels). The commit log gives atomic appends, optimistic concurrency,
+versions and time travel.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.dataset as pads
+from deltalake import DeltaTable, write_deltalake
+from deltalake.exceptions import CommitFailedError, TableNotFoundError
+
+from .errors import CommitConflictError, DatasetNotFoundError, ValidationError
+from .location import Location
+from .schema import DatasetSchema, FieldSpec
+
+STAT_PARTS = ("count", "sum", "sumsq", "min", "max")
+COMPACT_EVERY = 64  # commits between automatic compactions + checkpoints
+COMMIT_RETRIES = 20
+
+
+def stat_column(field: FieldSpec, part: str) -> str:
+    return f"stats/{field.key}/{part}"
+
+
+def has_stats(field: FieldSpec) -> bool:
+    return field.role != "meta" and field.np_dtype.kind in "biuf"
+
+
+def arrow_schema(schema: DatasetSchema) -> pa.Schema:
+    """The episode table's Arrow schema for a dataset schema."""
+    cols: list[pa.Field] = [
+        pa.field("episode_id", pa.int64(), nullable=False),
+        pa.field("writer", pa.string(), nullable=False),
+        pa.field("length", pa.int64(), nullable=False),
+        pa.field("terminated", pa.bool_(), nullable=False),
+        pa.field("truncated", pa.bool_(), nullable=False),
+        pa.field("return", pa.float64()),
+        pa.field("created_at", pa.timestamp("us", tz="UTC"), nullable=False),
+    ]
+    for f in schema.meta_fields:
+        cols.append(pa.field(f.key, f.arrow_type()))
+    for f in schema.step_fields:
+        if f.in_tensor:
+            cols.append(pa.field(f"ref/{f.key}", pa.int64(), nullable=False))
+            cols.append(pa.field(f"crc/{f.key}", pa.int64(), nullable=False))
+        else:
+            cols.append(pa.field(f.key, f.arrow_type(), nullable=False))
+    for f in schema.step_fields:
+        if has_stats(f):
+            cols.append(pa.field(stat_column(f, "count"), pa.int64()))
+            for part in STAT_PARTS[1:]:
+                cols.append(pa.field(stat_column(f, part), pa.list_(pa.float64())))
+    return pa.schema(cols)
+
+
+class EpisodeTable:
+    """A Delta table handle pinned to one version (``refresh()`` moves it)."""
+
+    def __init__(self, loc: Location, dt: DeltaTable) -> None:
+        self.loc = loc
+        self.dt = dt
+        self._commits_since_compact = 0
+
+    @classmethod
+    def create(cls, loc: Location, schema: pa.Schema, partition_by: list[str]) -> EpisodeTable:
+        dt = DeltaTable.create(
+            loc.delta_uri(),
+            schema=schema,
+            partition_by=partition_by or None,
+            storage_options=loc.delta_options(),
+            mode="error",
+        )
+        return cls(loc, dt)
+
+    @classmethod
+    def open(cls, loc: Location, version: int | None = None) -> EpisodeTable:
+        try:
+            dt = DeltaTable(loc.delta_uri(), version=version, storage_options=loc.delta_options())
+        except TableNotFoundError as exc:
+            raise DatasetNotFoundError(f"no episode table at {loc.delta_uri()}") from exc
+        except Exception as exc:  # deltalake raises plain errors for unknown versions
+            if version is not None:
+                raise ValidationError(f"version {version} does not exist at {loc.url}: {exc}") from exc
+            raise
+        return cls(loc, dt)
+
+    @property
+    def version(self) -> int:
+        return self.dt.version()
+
+    def refresh(self) -> None:
+        self.dt.update_incremental()
+
+    def load_version(self, version: int) -> None:
+        self.dt.load_as_version(version)
+
+    def dataset(self) -> pads.Dataset:
+        """The pinned snapshot as an Arrow dataset (pushdown, partition pruning)."""
+        return self.dt.to_pyarrow_dataset()
+
+    def read(self, columns: list[str], filter: Any = None) -> pa.Table:
+        return self.dataset().to_table(columns=columns, filter=filter)
+
+    def append(self, rows: pa.Table) -> int:
+        """Append ``rows`` in one commit (retrying conflicts); return the new version."""
+        delay = 0.01
+        for attempt in range(COMMIT_RETRIES):
+            try:
+                write_deltalake(self.dt, rows, mode="append")
+                break
+            except CommitFailedError as exc:
+                if attempt == COMMIT_RETRIES - 1:
+                    raise CommitConflictError(f"commit to {self.loc.url} failed {COMMIT_RETRIES} times: {exc}") from exc
+                time.sleep(delay)  # back off before retrying a lost optimistic-concurrency race
+                delay = min(delay * 2, 1.0)
+                self.dt.update_incremental()
+        self.dt.update_incremental()
+        self._commits_since_compact += 1
+        if self._commits_since_compact >= COMPACT_EVERY:
+            self.compact()
+        return self.version
+
+    def compact(self) -> None:
+        """Merge small files and write a checkpoint so opening stays fast."""
+        try:
+            self.dt.optimize.compact()
+            self.dt.create_checkpoint()
+        except CommitFailedError:
+            pass  # another writer compacted concurrently; the data is unchanged
+        self.dt.update_incremental()
+        self._commits_since_compact = 0
+
+    def history(self) -> list[dict[str, Any]]:
+        return self.dt.history()
+
+    def file_uris(self) -> list[str]:
+        return self.dt.file_uris()
