@@ -15,7 +15,8 @@ import platform
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import UTC, datetime
 from functools import cached_property
-from importlib.metadata import PackageNotFoundError, version as pkg_version
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as pkg_version
 from typing import Any
 
 import numpy as np
@@ -327,7 +328,9 @@ class Dataset(EpisodeCollection):
         except json.JSONDecodeError as exc:
             raise DatasetNotFoundError(f"{loc.child_url(DESCRIPTOR)} is not valid JSON: {exc}") from exc
         if descriptor.get("format") != "episodelake" or descriptor.get("format_version") != FORMAT_VERSION:
-            raise DatasetNotFoundError(f"{loc.child_url(DESCRIPTOR)} is not an episodelake v{FORMAT_VERSION} descriptor")
+            raise DatasetNotFoundError(
+                f"{loc.child_url(DESCRIPTOR)} is not an episodelake v{FORMAT_VERSION} descriptor"
+            )
         if version is not None and (not isinstance(version, int) or version < 0):
             raise ValidationError(f"version must be a non-negative int, got {version!r}")
         table = EpisodeTable.open(loc, version)

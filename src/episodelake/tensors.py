@@ -94,7 +94,9 @@ class TensorArray:
         return cls(ts.open(spec, context=context).result(), field, loc.child_url(*parts))
 
     @classmethod
-    def open(cls, loc: Location, writer: str, field: FieldSpec, context: ts.Context, read_only: bool = True) -> TensorArray:
+    def open(
+        cls, loc: Location, writer: str, field: FieldSpec, context: ts.Context, read_only: bool = True
+    ) -> TensorArray:
         parts = array_parts(writer, field)
         spec = {"driver": "zarr3", "kvstore": loc.kvstore(*parts), "open": True}
         try:
@@ -128,8 +130,6 @@ def read_many(requests: Sequence[tuple[TensorArray, int, int]]) -> list[np.ndarr
     futures = []
     for arr, start, stop in requests:
         if stop > arr.rows:
-            raise CorruptionError(
-                f"{arr.where}: rows [{start}, {stop}) requested but the array has {arr.rows} rows"
-            )
+            raise CorruptionError(f"{arr.where}: rows [{start}, {stop}) requested but the array has {arr.rows} rows")
         futures.append(arr.store[start:stop].read())
     return [f.result() for f in futures]

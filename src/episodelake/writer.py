@@ -79,9 +79,7 @@ def check_values(f: FieldSpec, value: Any, lead: tuple[int, ...], where: str) ->
             info = np.iinfo(dt)
             lo, hi = arr.min(), arr.max()
             if lo < info.min or hi > info.max:
-                raise ValidationError(
-                    f"{where}: field {f.key!r} values [{lo}, {hi}] do not fit {dt}"
-                )
+                raise ValidationError(f"{where}: field {f.key!r} values [{lo}, {hi}] do not fit {dt}")
         out = arr.astype(dt)
     if f.finite and dt.kind in "fc" and not np.isfinite(out).all():
         bad = np.argwhere(~np.isfinite(out.reshape(len(out), -1) if lead else out.reshape(1, -1)))[0][0]
@@ -386,6 +384,11 @@ class EpisodeWriter:
         ``actions``, ``rewards``, optional ``extras``, ``terminated`` and
         ``truncated`` (singular names and ``obs`` are accepted too).
         """
+        self._apply(*self.check_step(step))
+        return self
+
+    def check_step(self, step: Mapping[str, Any]) -> tuple[dict[str, np.ndarray], bool, bool]:
+        """Validate ``step`` without storing it: (values by field key, terminated, truncated)."""
         if self.done:
             raise EpisodeStateError(f"step {self.length}: the episode already ended; start a new one")
         where = f"step {self.length}"
@@ -396,7 +399,9 @@ class EpisodeWriter:
                 continue
             role = STEP_KEYS.get(key)
             if role is None:
-                raise ValidationError(f"{where}: unknown key {key!r}; expected {sorted(STEP_KEYS)} + terminated/truncated")
+                raise ValidationError(
+                    f"{where}: unknown key {key!r}; expected {sorted(STEP_KEYS)} + terminated/truncated"
+                )
             if role in by_role:
                 raise ValidationError(f"{where}: {role} given twice")
             by_role[role] = value
@@ -409,12 +414,14 @@ class EpisodeWriter:
             for k, v in split_role(schema, role, by_role[role], where).items():
                 checked[k] = check_values(schema[k], v, (), where)
         terminated, truncated = check_flags(step.get("terminated", False), step.get("truncated", False), where)
+        return checked, terminated, truncated
+
+    def _apply(self, checked: Mapping[str, np.ndarray], terminated: bool, truncated: bool) -> None:
         for k, v in checked.items():
             self._bufs.put(k, v)
         self.length += 1
         if terminated or truncated:
             self._finish(terminated, truncated)
-        return self
 
     def finish(self) -> None:
         """End the episode here without a terminal flag (neither terminated nor truncated)."""
@@ -557,19 +564,20 @@ class VectorEpisodeWriter:
         infos = infos or {}
         term = np.asarray(terminated, dtype=bool).reshape(self.num_envs)
         trunc = np.asarray(truncated, dtype=bool).reshape(self.num_envs)
+        # Validate every env's row first so a rejected call changes nothing.
+        plan: list[tuple[int, Any, Any]] = []
         for i in range(self.num_envs):
             obs_i = _index(observations, i)
             writer = self.writers[i]
             if writer is None or writer.done:  # next_step mode: this row is the reset
-                self.writers[i] = self._start(i, obs_i)
+                plan.append((i, "reset", obs_i))
                 continue
             ended = bool(term[i] or trunc[i])
+            step_obs = obs_i
             if ended and self.mode == "same_step":
                 if "final_obs" not in infos:
                     raise ValidationError(f"env {i}: same_step autoreset needs infos['final_obs']")
                 step_obs = infos["final_obs"][i]
-            else:
-                step_obs = obs_i
             step = {
                 "observations": step_obs,
                 "actions": _index(actions, i),
@@ -579,9 +587,18 @@ class VectorEpisodeWriter:
             }
             if extras is not None:
                 step["extras"] = _index(extras, i)
-            writer.add_step(step)
-            if ended and self.mode == "same_step":
-                self.writers[i] = self._start(i, obs_i)
+            try:
+                checked = writer.check_step(step)
+            except ValidationError as exc:
+                raise ValidationError(f"env {i}, {exc}") from exc
+            plan.append((i, checked, obs_i if ended and self.mode == "same_step" else None))
+        for i, checked, restart in plan:
+            if checked == "reset":
+                self.writers[i] = self._start(i, restart)
+                continue
+            self.writers[i]._apply(*checked)
+            if restart is not None:
+                self.writers[i] = self._start(i, restart)
 
     def close(self, finish_open: bool = False) -> None:
         """Discard (default) or finish the episodes still running in each env."""

@@ -1,0 +1,43 @@
+"""Shared fixtures. Datasets live under pytest's tmp_path or in memory."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import episodelake as el
+
+from .reference import random_episode
+
+
+def robot_schema(image: bool = True) -> el.DatasetSchema:
+    """The schema of reference.random_episode (camera is a tensor field, the rest table)."""
+    fields = [el.FieldSpec("state", (5,), "float32")]
+    if image:
+        fields.append(el.FieldSpec("camera", (3, 8, 8), "uint8", layout="CHW", storage="tensor", chunk_rows=16))
+    fields += [
+        el.FieldSpec("action", (), "int64", role="action"),
+        el.FieldSpec("reward", (), "float32", role="reward"),
+        el.FieldSpec("task", (), "str", role="meta"),
+        el.FieldSpec("success", (), "bool", role="meta"),
+    ]
+    return el.DatasetSchema(fields)
+
+
+@pytest.fixture
+def raw_episodes():
+    rng = np.random.default_rng(1234)
+    return [random_episode(rng, int(rng.integers(1, 40))) for _ in range(12)]
+
+
+@pytest.fixture(params=["memory", "disk"])
+def backend_path(request, tmp_path):
+    return None if request.param == "memory" else str(tmp_path / "ds")
+
+
+@pytest.fixture
+def robot_dataset(raw_episodes, backend_path):
+    ds = el.Dataset.create(robot_schema(), backend_path, partition_by=["task"])
+    ds.append_episodes(e.as_dict(unwrap_action=True) for e in raw_episodes)
+    ds.flush()
+    return ds
