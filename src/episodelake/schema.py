@@ -266,9 +266,10 @@ class DatasetSchema:
             if f.role == "meta" and (f.name in RESERVED_COLUMNS or "/" in f.name):
                 raise SchemaError(f"meta field name {f.name!r} is reserved or nested")
         for role in ("observation", "action", "reward"):
-            if not self.role_fields(role):
+            if not any(f.role == role for f in self.fields):
                 raise SchemaError(f"schema needs at least one {role} field")
         self._by_key = {f.key: f for f in self.fields}
+        self._by_role = {r: tuple(f for f in self.fields if f.role == r) for r in ROLES}
 
     def __iter__(self):
         return iter(self.fields)
@@ -290,7 +291,7 @@ class DatasetSchema:
         return f"DatasetSchema({inner})"
 
     def role_fields(self, role: str) -> tuple[FieldSpec, ...]:
-        return tuple(f for f in self.fields if f.role == role)
+        return self._by_role.get(role, ())
 
     def unwrapped(self, role: str) -> bool:
         """A role built from exactly one field reads as that array, not a mapping."""

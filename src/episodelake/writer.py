@@ -18,13 +18,16 @@ from __future__ import annotations
 
 import atexit
 import math
+import os
 import secrets
 import time
 import weakref
 import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -161,23 +164,48 @@ class FinishedEpisode:
         return sum(a.nbytes for a in self.data.values())
 
 
+_BLOCK = 256  # 8-bit values: float32 sums of <= 256 squares (<= 255**2 each) are exact
+
+
 def episode_stats(f: FieldSpec, values: np.ndarray) -> dict[str, Any]:
-    """Mergeable statistics of one episode's values, per channel when the field has one."""
+    """Mergeable statistics (exact) of one episode's values, per channel when the field has one."""
     axis = f.channel_axis
-    if axis is None:
-        flat = values.reshape(1, -1)
-    else:
-        flat = np.moveaxis(values, axis + 1, 0).reshape(f.shape[axis], -1)
-    if flat.shape[1] == 0:
+    channels = 1 if axis is None else f.shape[axis]
+    if values.size == 0:
         return {"count": 0, "sum": None, "sumsq": None, "min": None, "max": None}
-    work = flat.astype(np.float64)
+    moved = values if axis is None else np.moveaxis(values, axis + 1, 0)
+    if values.dtype.itemsize == 1:
+        # Images: float32 dot products over blocks of 256 values are exact and fast (BLAS).
+        work = np.ascontiguousarray(moved, dtype=np.float32).reshape(channels, -1)
+        full = work.shape[1] - work.shape[1] % _BLOCK
+        blocks = work[:, :full].reshape(channels, -1, _BLOCK)
+        rest = work[:, full:].astype(np.float64)
+        total = np.einsum("cbk->cb", blocks).sum(axis=1, dtype=np.float64) + rest.sum(axis=1)
+        squares = np.einsum("cbk,cbk->cb", blocks, blocks).sum(axis=1, dtype=np.float64)
+        squares += np.einsum("ck,ck->c", rest, rest)
+    else:
+        work = np.ascontiguousarray(moved, dtype=np.float64).reshape(channels, -1)
+        total = work.sum(axis=1)
+        squares = np.einsum("ck,ck->c", work, work)
     return {
-        "count": int(flat.shape[1]),
-        "sum": work.sum(axis=1).tolist(),
-        "sumsq": np.einsum("ij,ij->i", work, work).tolist(),
-        "min": work.min(axis=1).tolist(),
-        "max": work.max(axis=1).tolist(),
+        "count": int(work.shape[1]),
+        "sum": total.tolist(),
+        "sumsq": squares.tolist(),
+        "min": work.min(axis=1).astype(np.float64).tolist(),
+        "max": work.max(axis=1).astype(np.float64).tolist(),
     }
+
+
+def episode_summary(schema: DatasetSchema, e: FinishedEpisode) -> dict[str, Any]:
+    """Per-field statistics and tensor checksums of one episode (run in a thread pool)."""
+    out: dict[str, Any] = {}
+    for f in schema.step_fields:
+        values = e.data[f.key]
+        if f.in_tensor:
+            out[f"crc/{f.key}"] = zlib.crc32(np.ascontiguousarray(values).data)
+        if has_stats(f):
+            out[f"stats/{f.key}"] = episode_stats(f, values)
+    return out
 
 
 def _list_array(values: Sequence[np.ndarray], f: FieldSpec, typ: pa.DataType) -> pa.Array:
@@ -199,6 +227,7 @@ def _list_array(values: Sequence[np.ndarray], f: FieldSpec, typ: pa.DataType) ->
 def build_rows(
     schema: DatasetSchema,
     episodes: Sequence[FinishedEpisode],
+    summaries: Sequence[Mapping[str, Any]],
     writer: str,
     ids: Sequence[int],
     refs: Mapping[str, Sequence[int]],
@@ -224,16 +253,15 @@ def build_rows(
                 target.field(f.key).type,
             )
     for f in schema.step_fields:
-        vals = [e.data[f.key] for e in episodes]
         if f.in_tensor:
             cols[f"ref/{f.key}"] = pa.array(refs[f.key], pa.int64())
-            cols[f"crc/{f.key}"] = pa.array([zlib.crc32(np.ascontiguousarray(v).data) for v in vals], pa.int64())
+            cols[f"crc/{f.key}"] = pa.array([s[f"crc/{f.key}"] for s in summaries], pa.int64())
         else:
-            cols[f.key] = _list_array(vals, f, target.field(f.key).type)
+            cols[f.key] = _list_array([e.data[f.key] for e in episodes], f, target.field(f.key).type)
         if has_stats(f):
-            stats = [episode_stats(f, v) for v in vals]
             for part in STAT_PARTS:
-                cols[stat_column(f, part)] = pa.array([s[part] for s in stats], target.field(stat_column(f, part)).type)
+                column = stat_column(f, part)
+                cols[column] = pa.array([s[f"stats/{f.key}"][part] for s in summaries], target.field(column).type)
     return pa.table(cols, schema=target)
 
 
@@ -247,6 +275,7 @@ def _episode_return(schema: DatasetSchema, e: FinishedEpisode) -> float | None:
 # ---------------------------------------------------------------- commit batching
 
 
+_POOL = ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1), thread_name_prefix="episodelake-stats")
 _OPEN_SINKS: weakref.WeakSet[CommitSink] = weakref.WeakSet()
 
 
@@ -309,19 +338,25 @@ class CommitSink:
         return self.arrays[f.key]
 
     def flush(self) -> int | None:
-        """Commit all pending episodes in one table commit; return the new version."""
+        """Commit all pending episodes in one table commit; return the new version.
+
+        Tensor writes are issued first and run in TensorStore's threads while
+        statistics and checksums are computed in a thread pool; the table
+        commit happens only after every tensor write has completed.
+        """
         if not self.pending:
             return None
         episodes = self.pending
         refs: dict[str, list[int]] = {}
+        writes = []
         for f in self.schema.tensor_fields:
-            arr = self._array(f)
-            chunks = [e.data[f.key] for e in episodes]
-            start = arr.append(np.concatenate(chunks) if len(chunks) > 1 else chunks[0])
-            starts = np.concatenate([[0], np.cumsum([len(c) for c in chunks])[:-1]]) + start
-            refs[f.key] = starts.tolist()
+            refs[f.key], future = self._array(f).append_many([e.data[f.key] for e in episodes])
+            writes.append(future)
+        summaries = list(_POOL.map(partial(episode_summary, self.schema), episodes))
+        for w in writes:
+            w.result()
         ids = [(self.number << 32) | (self.seq + i) for i in range(len(episodes))]
-        rows = build_rows(self.schema, episodes, self.name, ids, refs)
+        rows = build_rows(self.schema, episodes, summaries, self.name, ids, refs)
         version = self.ds._table.append(rows)
         self.seq += len(episodes)
         self.pending = []

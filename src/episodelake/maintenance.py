@@ -1,0 +1,405 @@
+"""Audit and clean-up of a dataset: :func:`validate` and :func:`vacuum`.
+
+``validate`` re-derives everything that can be re-derived and compares it with
+what is stored: every table file of the pinned version (present, size, row
+count, partition values, the log's min/max of integer columns), every episode
+(length, flags, unique id, per-step list lengths and shapes, tensor references
+inside their arrays, CRC-32 of the tensor rows, statistics and return
+recomputed from the values) and every Delta log entry (parseable JSON). It
+reads every byte the version references, so it costs a full pass.
+
+``vacuum`` removes what crashes and compactions leave behind without touching
+anything a retained version references:
+
+* table files no log entry references (a writer killed between writing its
+  Parquet file and its commit) and files removed by compaction, once older
+  than the retention window (deltalake's full vacuum);
+* tensor arrays of writers no remaining table file references (a writer killed
+  before its first commit), once untouched for the retention window;
+* rows past the last referenced row of an array (a writer killed between its
+  tensor write and its commit): the array is shrunk, which deletes the chunk
+  files wholly past the new end. Unreferenced rows *between* referenced ones
+  (a failed commit followed by successful ones) cannot be reclaimed without
+  rewriting the array; they are counted in ``VacuumReport.unreclaimed_rows``.
+
+The retention window is what keeps a concurrent writer safe: its uncommitted
+Parquet file or tensor rows are seconds old. Vacuuming with ``retention_hours=0``
+while another process writes can delete its in-flight data.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import zlib
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from .errors import CorruptionError, ReadOnlyError
+from .schema import FieldSpec, from_storage
+from .snapshot import flatten_lists
+from .table import STAT_PARTS, has_stats, stat_column
+from .tensors import TensorArray, array_parts, read_many
+from .writer import episode_stats
+
+if TYPE_CHECKING:
+    from .dataset import Dataset
+    from .location import Location
+
+DEFAULT_RETENTION_HOURS = 168.0  # Delta's default deletedFileRetentionDuration (7 days)
+_LOG_DIR = ("episodes", "_delta_log")
+
+
+@dataclass
+class Problem:
+    """One finding of :func:`validate`: what is wrong, in which file, for which episode."""
+
+    kind: str
+    message: str
+    file: str | None = None
+    episode_id: int | None = None
+
+    def __str__(self) -> str:
+        where = [f"episode {self.episode_id}"] if self.episode_id is not None else []
+        where += [self.file] if self.file else []
+        return f"[{self.kind}] {', '.join(where)}: {self.message}" if where else f"[{self.kind}] {self.message}"
+
+
+@dataclass
+class ValidationReport:
+    """Outcome of :func:`validate`; ``ok`` is True when no problem was found."""
+
+    url: str
+    version: int
+    episodes: int = 0
+    steps: int = 0
+    table_files: int = 0
+    log_entries: int = 0
+    tensor_rows: int = 0
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def raise_if_failed(self) -> None:
+        """Raise :class:`CorruptionError` listing the first problems, if there are any."""
+        if self.problems:
+            head = "\n  ".join(str(p) for p in self.problems[:10])
+            more = f"\n  ... and {len(self.problems) - 10} more" if len(self.problems) > 10 else ""
+            raise CorruptionError(f"{self.url} version {self.version}: {len(self.problems)} problem(s)\n  {head}{more}")
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "ok": self.ok}
+
+
+@dataclass
+class VacuumReport:
+    """What :func:`vacuum` removed (or, with ``dry_run``, would remove)."""
+
+    url: str
+    dry_run: bool
+    retention_hours: float
+    table_files: list[str] = field(default_factory=list)
+    tensor_arrays: list[str] = field(default_factory=list)
+    truncated: list[dict[str, Any]] = field(default_factory=list)
+    temp_files: list[str] = field(default_factory=list)
+    unreclaimed_rows: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# ---------------------------------------------------------------- validate
+
+
+def validate(ds: Dataset, tensors: bool = True) -> ValidationReport:
+    """Audit ``ds`` at its pinned version; never raises for data problems, reports them.
+
+    ``tensors=False`` skips reading tensor rows (references are still checked
+    against array shapes). Writes nothing.
+    """
+    loc = ds.location
+    report = ValidationReport(loc.url, ds.version)
+    _check_log(loc, report)
+    adds = pa.table(ds._table.dt.get_add_actions(flatten=True)).to_pylist()
+    seen: dict[int, str] = {}
+    arrays: dict[tuple[str, str], TensorArray | None] = {}
+    for add in adds:
+        report.table_files += 1
+        rel = add["path"]
+        tbl = _read_table_file(loc, rel, add, report)
+        if tbl is None:
+            continue
+        for row in range(tbl.num_rows):
+            _check_episode(ds, tbl, row, rel, seen, arrays, report, tensors)
+    return report
+
+
+def _check_log(loc: Location, report: ValidationReport) -> None:
+    """Every commit file of the log must be one JSON action per line."""
+    log = loc.child(*_LOG_DIR)
+    for path in sorted(loc.fs.glob(f"{log}/*.json")):
+        report.log_entries += 1
+        try:
+            with loc.fs.open(path, "rb") as fh:
+                lines = fh.read().decode().splitlines()
+            for line in lines:
+                if line.strip():
+                    json.loads(line)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            report.problems.append(Problem("log", f"commit entry is not valid JSON: {exc}", file=path))
+    for path in sorted(loc.fs.glob(f"{log}/*.checkpoint*.parquet")):
+        try:
+            with loc.fs.open(path, "rb") as fh:
+                pq.read_metadata(fh)
+        except (OSError, pa.ArrowException) as exc:
+            report.problems.append(Problem("log", f"checkpoint unreadable: {exc}", file=path))
+
+
+def _read_table_file(loc: Location, rel: str, add: dict[str, Any], report: ValidationReport) -> pa.Table | None:
+    """Read one data file of the version and check it against its log entry."""
+    path = loc.child("episodes", rel)
+    if not loc.fs.exists(path):
+        report.problems.append(Problem("table-file", "referenced by the log but missing", file=path))
+        return None
+    size = loc.fs.size(path)
+    if size != add["size_bytes"]:
+        report.problems.append(Problem("table-file", f"{size} bytes, the log says {add['size_bytes']}", file=path))
+    try:
+        with loc.fs.open(path, "rb") as fh:
+            tbl = pq.read_table(fh)
+    except (OSError, pa.ArrowException) as exc:
+        report.problems.append(Problem("table-file", f"unreadable Parquet: {exc}", file=path))
+        return None
+    if tbl.num_rows != add["num_records"]:
+        report.problems.append(
+            Problem("table-file", f"{tbl.num_rows} rows, the log says {add['num_records']}", file=path)
+        )
+    for key, value in add.items():
+        if key.startswith("partition.") and value is not None and f"{key[10:]}={value}" not in rel.split("/"):
+            report.problems.append(Problem("table-file", f"log partition value {key[10:]}={value!r}", file=path))
+        if key.startswith(("min.", "max.")) and value is not None and isinstance(value, int):
+            column = key[4:]
+            if column in tbl.column_names and tbl.num_rows:
+                actual = pc.min(tbl[column]) if key.startswith("min.") else pc.max(tbl[column])
+                if actual.as_py() != value:
+                    report.problems.append(
+                        Problem("table-file", f"log {key} is {value}, the file holds {actual.as_py()}", file=path)
+                    )
+    return tbl
+
+
+def _check_episode(
+    ds: Dataset,
+    tbl: pa.Table,
+    row: int,
+    path: str,
+    seen: dict[int, str],
+    arrays: dict[tuple[str, str], TensorArray | None],
+    report: ValidationReport,
+    tensors: bool,
+) -> None:
+    schema = ds.schema
+    rec = {name: tbl[name][row] for name in tbl.column_names}
+    eid = rec["episode_id"].as_py()
+    length = rec["length"].as_py()
+
+    def problem(kind: str, message: str, file: str = path) -> None:
+        report.problems.append(Problem(kind, message, file=file, episode_id=eid))
+
+    if eid in seen:
+        problem("ids", f"episode id also in {seen[eid]}")
+    seen[eid] = path
+    report.episodes += 1
+    if not isinstance(length, int) or length < 1:
+        problem("length", f"length {length!r} (must be >= 1)")
+        return
+    report.steps += length
+    if rec["terminated"].as_py() and rec["truncated"].as_py():
+        problem("flags", "terminated and truncated are both set")
+    values: dict[str, np.ndarray] = {}
+    for f in schema.step_fields:
+        rows = length + (1 if f.role == "observation" else 0)
+        if f.in_tensor:
+            got = _tensor_rows(ds, f, rec, rows, arrays, problem, tensors)
+            if got is not None:
+                report.tensor_rows += rows
+                if zlib.crc32(np.ascontiguousarray(got).data) != rec[f"crc/{f.key}"].as_py():
+                    arr = arrays[(rec["writer"].as_py(), f.key)]
+                    problem("checksum", f"field {f.key!r}: CRC-32 of its tensor rows differs", arr.where if arr else path)
+        else:
+            got = _table_rows(f, rec[f.key], rows, problem)
+        if got is not None:
+            values[f.key] = got
+            if has_stats(f):
+                _check_stats(f, got, rec, problem)
+    _check_return(ds, values, rec, problem)
+
+
+def _table_rows(f: FieldSpec, scalar: pa.Scalar, rows: int, problem) -> np.ndarray | None:
+    """Decode one episode's list value of a table field, checking every nesting level."""
+    arr = pa.array([scalar.as_py()], scalar.type)
+    dims = (rows, *f.shape) + ((2,) if f.np_dtype.kind == "c" else ())
+    for depth, want in enumerate(dims):
+        lengths = pc.list_value_length(arr).to_numpy(zero_copy_only=False)
+        if lengths.size == 0 or (lengths != want).any():
+            problem("length", f"field {f.key!r}: level {depth} has lengths {sorted(set(lengths.tolist()))}, want {want}")
+            return None
+        arr = pc.list_flatten(arr)
+    return from_storage(flatten_lists(arr, 0).reshape(dims), f.np_dtype)
+
+
+def _tensor_rows(ds: Dataset, f: FieldSpec, rec, rows: int, arrays, problem, read: bool) -> np.ndarray | None:
+    writer = rec["writer"].as_py()
+    key = (writer, f.key)
+    if key not in arrays:
+        try:
+            arrays[key] = TensorArray.open(ds.location, writer, f, ds._ts_context)
+        except CorruptionError as exc:
+            arrays[key] = None
+            problem("tensor", str(exc), ds.location.child_url(*array_parts(writer, f)))
+    arr = arrays[key]
+    if arr is None:
+        return None
+    start = rec[f"ref/{f.key}"].as_py()
+    if start < 0 or start + rows > arr.rows:
+        problem("tensor", f"field {f.key!r} references rows [{start}, {start + rows}), array has {arr.rows}", arr.where)
+        return None
+    if not read:
+        return None
+    try:
+        return read_many([(arr, start, start + rows)])[0]
+    except ValueError as exc:  # TensorStore: a chunk file is missing, truncated or undecodable
+        problem("tensor", f"field {f.key!r} rows [{start}, {start + rows}) unreadable: {exc}", arr.where)
+        return None
+
+
+def _check_stats(f: FieldSpec, values: np.ndarray, rec, problem) -> None:
+    want = episode_stats(f, values)
+    if rec[stat_column(f, "count")].as_py() != want["count"]:
+        problem("stats", f"field {f.key!r}: stored count differs from the values")
+        return
+    for part in STAT_PARTS[1:]:
+        stored = rec[stat_column(f, part)].as_py()
+        exact = part in ("min", "max")
+        if stored is None or len(stored) != len(want[part]):
+            problem("stats", f"field {f.key!r}: stored {part} is {stored!r}")
+        elif not (np.array_equal(stored, want[part]) if exact else np.allclose(stored, want[part], rtol=1e-6)):
+            problem("stats", f"field {f.key!r}: stored {part} differs from the values")
+
+
+def _check_return(ds: Dataset, values: dict[str, np.ndarray], rec, problem) -> None:
+    rewards = ds.schema.role_fields("reward")
+    stored = rec["return"].as_py()
+    if len(rewards) == 1 and rewards[0].key in values and stored is not None:
+        actual = float(values[rewards[0].key].sum(dtype=np.float64))
+        if not np.isclose(actual, stored, rtol=1e-9, atol=1e-9):
+            problem("stats", f"stored return {stored} differs from the rewards' sum {actual}")
+
+
+# ---------------------------------------------------------------- vacuum
+
+
+def vacuum(ds: Dataset, dry_run: bool = False, retention_hours: float = DEFAULT_RETENTION_HOURS) -> VacuumReport:
+    """Remove unreferenced table files and tensor data older than ``retention_hours``.
+
+    Raises :class:`ReadOnlyError` on a read-only dataset unless ``dry_run``,
+    and :class:`CorruptionError` (removing nothing from the tensors) when a
+    table file cannot be read, since its references would be unknown.
+    """
+    if ds.read_only and not dry_run:
+        raise ReadOnlyError(f"dataset {ds.location.url} is open read-only; vacuum needs a writable dataset")
+    if retention_hours < 0:
+        raise ValueError(f"retention_hours must be >= 0, got {retention_hours}")
+    loc = ds.location
+    report = VacuumReport(loc.url, dry_run, float(retention_hours))
+    cutoff = time.time() - retention_hours * 3600.0
+    doomed = ds._table.dt.vacuum(
+        retention_hours=int(np.ceil(retention_hours)) if retention_hours else 0,
+        dry_run=dry_run,
+        enforce_retention_duration=False,
+        full=True,
+    )
+    report.table_files = sorted(loc.child("episodes", p) for p in doomed)
+    refs = _referenced_rows(ds, set(report.table_files))
+    _vacuum_tensors(ds, refs, cutoff, report)
+    for path in loc.fs.glob(loc.child("*.tmp")):
+        if _newest_mtime(loc, path) < cutoff:
+            report.temp_files.append(path)
+            if not dry_run:
+                loc.fs.rm(path)
+    if not dry_run:
+        ds._table.refresh()
+    return report
+
+
+def _referenced_rows(ds: Dataset, doomed: set[str]) -> dict[tuple[str, str], tuple[int, int]]:
+    """(writer, field key) -> (end of the last referenced row, rows referenced), over every surviving file."""
+    loc = ds.location
+    fields = ds.schema.tensor_fields
+    columns = ["writer", "length", *(f"ref/{f.key}" for f in fields)]
+    out: dict[tuple[str, str], tuple[int, int]] = {}
+    for path in loc.fs.glob(loc.child("episodes", "**", "*.parquet")):
+        if f"/{_LOG_DIR[1]}/" in path or path in doomed:
+            continue
+        try:
+            with loc.fs.open(path, "rb") as fh:
+                tbl = pq.read_table(fh, columns=columns)
+        except (OSError, pa.ArrowException) as exc:
+            raise CorruptionError(f"{path}: unreadable table file, tensors left untouched: {exc}") from exc
+        writers = tbl["writer"].to_numpy(zero_copy_only=False)
+        lengths = tbl["length"].to_numpy()
+        for f in fields:
+            stops = tbl[f"ref/{f.key}"].to_numpy() + lengths + (1 if f.role == "observation" else 0)
+            for w in np.unique(writers):
+                mine = writers == w
+                end, count = out.get((w, f.key), (0, 0))
+                out[(w, f.key)] = (max(end, int(stops[mine].max())), count + int((stops[mine] - tbl[f"ref/{f.key}"].to_numpy()[mine]).sum()))
+    return out
+
+
+def _vacuum_tensors(ds: Dataset, refs: dict[tuple[str, str], tuple[int, int]], cutoff: float, report: VacuumReport) -> None:
+    loc = ds.location
+    root = loc.child("tensors")
+    if not loc.fs.exists(root):
+        return
+    live = {w for w, _ in refs}
+    for wdir in sorted(loc.fs.ls(root, detail=False)):
+        writer = wdir.rstrip("/").rsplit("/", 1)[-1]
+        if writer not in live:
+            if _newest_mtime(loc, wdir) < cutoff:
+                report.tensor_arrays.append(loc.child("tensors", writer))
+                if not report.dry_run:
+                    loc.fs.rm(wdir, recursive=True)
+            continue
+        for f in ds.schema.tensor_fields:
+            if not loc.exists(*array_parts(writer, f), "zarr.json"):
+                continue
+            end, count = refs.get((writer, f.key), (0, 0))
+            arr = TensorArray.open(loc, writer, f, ds._ts_context, read_only=report.dry_run)
+            report.unreclaimed_rows += end - count
+            if arr.rows > end and _newest_mtime(loc, loc.child(*array_parts(writer, f))) < cutoff:
+                report.truncated.append({"array": arr.where, "rows": arr.rows, "kept": end})
+                if not report.dry_run:
+                    arr.store.resize(exclusive_max=[end, *f.shape], shrink_only=True).result()
+
+
+def _newest_mtime(loc: Location, path: str) -> float:
+    """Latest modification time (epoch seconds) of a file or of any file under a directory."""
+    entries = loc.fs.find(path, detail=True, withdirs=False) if loc.fs.isdir(path) else {path: loc.fs.info(path)}
+    newest = 0.0
+    for info in entries.values():
+        stamp = info.get("mtime", info.get("LastModified", info.get("updated")))
+        if isinstance(stamp, datetime):
+            stamp = stamp.timestamp()
+        elif isinstance(stamp, str):
+            stamp = datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+        newest = max(newest, float(stamp or 0.0))
+    return newest
