@@ -41,3 +41,22 @@ def robot_dataset(raw_episodes, backend_path):
     ds.append_episodes(e.as_dict(unwrap_action=True) for e in raw_episodes)
     ds.flush()
     return ds
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """A real S3 server (SeaweedFS ``weed mini``) on 127.0.0.1 with the bucket ``episodes``."""
+    from .s3server import S3Server
+
+    with S3Server(tmp_path_factory.mktemp("s3data")) as server:
+        server.create_bucket("episodes")
+        yield server
+
+
+@pytest.fixture
+def s3_url(s3_server, request):
+    """A fresh ``s3://`` dataset root per test (``s3_server.storage_options`` reaches it)."""
+    import re
+    import uuid
+
+    return f"s3://episodes/{re.sub(r'[^A-Za-z0-9_-]', '-', request.node.name)}-{uuid.uuid4().hex[:8]}"

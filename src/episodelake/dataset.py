@@ -17,11 +17,12 @@ from datetime import UTC, datetime
 from functools import cached_property
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as pkg_version
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from deltalake.exceptions import DeltaError
 
-from .errors import DatasetNotFoundError, ReadOnlyError, SchemaError, ValidationError
+from .errors import CorruptionError, DatasetNotFoundError, ReadOnlyError, SchemaError, ValidationError
 from .location import Location, resolve
 from .schema import DatasetSchema, infer_schema
 from .segments import Segment
@@ -30,7 +31,11 @@ from .table import EpisodeTable, arrow_schema
 from .tensors import make_context
 from .writer import CommitSink, EpisodeWriter, VectorEpisodeWriter, episode_from_dict, write_episodes
 
+if TYPE_CHECKING:
+    from .maintenance import VacuumReport, ValidationReport
+
 DESCRIPTOR = "episodelake.json"
+WRITER_OPTIONS = ("commit_episodes", "commit_bytes", "commit_seconds")
 FORMAT_VERSION = 1
 
 
@@ -160,6 +165,18 @@ class EpisodeCollection:
 
         return run_sql(self, query, params)
 
+    def sql_arrow(self, query: str, params: Any = None):
+        """:meth:`sql` fetched as a ``pyarrow.Table``."""
+        from .query import sql_arrow
+
+        return sql_arrow(self, query, params)
+
+    def sql_numpy(self, query: str, params: Any = None) -> dict[str, np.ndarray]:
+        """:meth:`sql` fetched as NumPy columns (uniform list columns become array axes)."""
+        from .query import sql_numpy
+
+        return sql_numpy(self, query, params)
+
     def where(self, predicate: str) -> DatasetView:
         """Episodes matching a SQL predicate over the ``episodes`` view."""
         from .query import where
@@ -197,6 +214,13 @@ class EpisodeCollection:
 
         return sample_transitions(self, batch_size, **kwargs)
 
+    # ---- copying (copy.py)
+    def copy_to(self, dest: str | None, storage_options: Mapping[str, Any] | None = None, **kwargs: Any) -> Dataset:
+        """Copy these episodes to ``dest`` (memory, disk or object storage), verified; see :func:`copy.copy_to`."""
+        from .copy import copy_to
+
+        return copy_to(self, dest, storage_options, **kwargs)
+
 
 class DatasetView(EpisodeCollection):
     """A subset of one snapshot's episodes. Views compose (``view.where(...)``)."""
@@ -225,6 +249,7 @@ class Dataset(EpisodeCollection):
     """An episode dataset at one root (memory, local disk or object storage)."""
 
     _positions = None
+    verify = False  # check tensor CRC-32s on read (Dataset.open(..., verify=True))
 
     def __init__(
         self,
@@ -317,9 +342,22 @@ class Dataset(EpisodeCollection):
         *,
         storage_options: Mapping[str, Any] | None = None,
         read_only: bool = False,
+        verify: bool = False,
+        cache_bytes: int = 0,
         **writer_options: Any,
     ) -> Dataset:
-        """Open a dataset; ``version=N`` opens that table version (time travel, read-only)."""
+        """Open a dataset; ``version=N`` opens that table version (time travel, read-only).
+
+        ``read_only=True`` writes nothing, ever. ``verify=True`` checks each
+        episode's tensor rows against their stored CRC-32 on first read
+        (:class:`CorruptionError` on mismatch); ``validate()`` audits everything.
+        ``cache_bytes`` > 0 keeps up to that many bytes of decoded tensor chunks
+        (and shard indexes) in memory, so repeated reads from object storage
+        issue no GET (see docs/object-storage.md).
+        """
+        unknown = sorted(set(writer_options) - set(WRITER_OPTIONS))
+        if unknown:
+            raise ValidationError(f"unknown option(s) {unknown}; writer options are {list(WRITER_OPTIONS)}")
         loc = resolve(path, dict(storage_options or {}))
         if not loc.exists(DESCRIPTOR):
             raise DatasetNotFoundError(f"no episodelake dataset at {loc.url} (missing {DESCRIPTOR})")
@@ -333,9 +371,19 @@ class Dataset(EpisodeCollection):
             )
         if version is not None and (not isinstance(version, int) or version < 0):
             raise ValidationError(f"version must be a non-negative int, got {version!r}")
-        table = EpisodeTable.open(loc, version)
+        try:
+            table = EpisodeTable.open(loc, version)
+        except DeltaError as exc:  # the log itself is damaged: name the entries that do not parse
+            from .maintenance import log_problems
+
+            bad = "; ".join(str(p) for p in log_problems(loc)) or "no unparseable entry found"
+            raise CorruptionError(f"episode table log at {loc.delta_uri()} cannot be read ({bad}): {exc}") from exc
         pinned = version is not None
-        return cls(loc, descriptor, table, read_only=read_only or pinned, writer_options=writer_options, pinned=pinned)
+        ds = cls(loc, descriptor, table, read_only=read_only or pinned, writer_options=writer_options, pinned=pinned)
+        ds.verify = verify
+        if cache_bytes:
+            ds._ts_context = make_context(cache_bytes=cache_bytes)
+        return ds
 
     @classmethod
     def from_episodes(
@@ -428,6 +476,7 @@ class Dataset(EpisodeCollection):
     def snapshot(self) -> Snapshot:
         if self._snap is None or self._snap.version != self._table.version:
             self._snap = Snapshot(self.location, self._schema, self._table, self._ts_context)
+            self._snap.verify = self.verify
         return self._snap
 
     def refresh(self) -> Dataset:
@@ -445,6 +494,27 @@ class Dataset(EpisodeCollection):
         if self.read_only:
             raise ReadOnlyError(f"dataset {self.location.url} is open read-only")
         self._table.compact()
+
+    def validate(self, tensors: bool = True) -> ValidationReport:
+        """Audit this version: table files, log, every episode's lengths, flags, stats and tensor checksums.
+
+        Returns a report (``report.ok``, ``report.problems``); ``report.raise_if_failed()``
+        turns problems into a :class:`CorruptionError`. Writes nothing.
+        """
+        from .maintenance import validate
+
+        return validate(self, tensors=tensors)
+
+    def vacuum(self, dry_run: bool = False, retention_hours: float | None = None) -> VacuumReport:
+        """Delete unreferenced table files and crash leftovers in the tensors (see :mod:`maintenance`).
+
+        Only data older than ``retention_hours`` (default 168) goes, so
+        concurrent writers and retained versions stay intact.
+        """
+        from .maintenance import DEFAULT_RETENTION_HOURS, vacuum
+
+        hours = DEFAULT_RETENTION_HOURS if retention_hours is None else retention_hours
+        return vacuum(self, dry_run=dry_run, retention_hours=hours)
 
     @cached_property
     def info(self) -> dict[str, Any]:

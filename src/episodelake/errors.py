@@ -35,3 +35,7 @@ class CorruptionError(EpisodeLakeError, IOError):
 
 class CommitConflictError(EpisodeLakeError, RuntimeError):
     """A commit kept conflicting with concurrent writers and was given up."""
+
+
+class QueryError(EpisodeLakeError, ValueError):
+    """A SQL query, predicate or statistics request is invalid for this dataset."""

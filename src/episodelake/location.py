@@ -15,9 +15,13 @@ RAM-backed tmpfs (``/dev/shm`` where present), removed when the last
 
 from __future__ import annotations
 
+import atexit
+import hashlib
+import json
 import os
 import shutil
 import tempfile
+import threading
 import uuid
 import weakref
 from dataclasses import dataclass, field
@@ -54,7 +58,8 @@ class Location:
     def fs(self) -> fsspec.AbstractFileSystem:
         if self.is_local:
             return fsspec.filesystem("file")
-        return fsspec.filesystem(self.protocol, **self.storage_options)
+        # Other processes write the same root: a cached listing would hide their files.
+        return fsspec.filesystem(self.protocol, **{"use_listings_cache": False, **self.storage_options})
 
     def child(self, *parts: str) -> str:
         """Path (filesystem form, no scheme) of a file under the root."""
@@ -74,7 +79,7 @@ class Location:
         if self.protocol == "s3":
             return _s3_delta_options(self.storage_options)
         if self.protocol == "gs":
-            return {k: str(v) for k, v in self.storage_options.items()}
+            return _gs_delta_options(self.storage_options)
         raise LocationError(f"no Delta mapping for {self.protocol}://")
 
     def kvstore(self, *parts: str) -> dict[str, Any]:
@@ -112,46 +117,123 @@ class Location:
                 fh.write(text)
 
 
-def _s3_delta_options(opts: dict[str, Any]) -> dict[str, str]:
-    out: dict[str, str] = {}
-    if "key" in opts:
-        out["AWS_ACCESS_KEY_ID"] = str(opts["key"])
-    if "secret" in opts:
-        out["AWS_SECRET_ACCESS_KEY"] = str(opts["secret"])
-    if "token" in opts:
-        out["AWS_SESSION_TOKEN"] = str(opts["token"])
+def _endpoint(opts: dict[str, Any]) -> str | None:
     endpoint = opts.get("endpoint_url") or opts.get("client_kwargs", {}).get("endpoint_url")
+    return str(endpoint) if endpoint else None
+
+
+def _region(opts: dict[str, Any]) -> str:
+    return str(opts.get("client_kwargs", {}).get("region_name") or "us-east-1")
+
+
+def _s3_delta_options(opts: dict[str, Any]) -> dict[str, str]:
+    """deltalake (object_store) options for s3fs-style ``storage_options``."""
+    out: dict[str, str] = {"AWS_REGION": _region(opts)}
+    for src, dst in (("key", "AWS_ACCESS_KEY_ID"), ("secret", "AWS_SECRET_ACCESS_KEY"), ("token", "AWS_SESSION_TOKEN")):
+        if opts.get(src):
+            out[dst] = str(opts[src])
+    if opts.get("profile"):
+        out["AWS_PROFILE"] = str(opts["profile"])
+    endpoint = _endpoint(opts)
     if endpoint:
-        out["AWS_ENDPOINT_URL"] = str(endpoint)
-        if str(endpoint).startswith("http://"):
+        out["AWS_ENDPOINT_URL"] = endpoint
+        if endpoint.startswith("http://"):
             out["AWS_ALLOW_HTTP"] = "true"
-    region = opts.get("client_kwargs", {}).get("region_name") or opts.get("region")
-    out["AWS_REGION"] = str(region or "us-east-1")
     if opts.get("anon"):
         out["AWS_SKIP_SIGNATURE"] = "true"
-    # Delta on S3 commits with conditional PUT (If-None-Match): no lock service.
+    # Commits create the next log entry with a conditional PUT (If-None-Match):
+    # exactly one concurrent writer wins each version, no lock service needed.
     out["aws_conditional_put"] = "etag"
-    out.setdefault("AWS_S3_ALLOW_UNSAFE_RENAME", "false")
     return out
 
 
 def _s3_kvstore(bucket: str, key: str, opts: dict[str, Any]) -> dict[str, Any]:
-    spec: dict[str, Any] = {"driver": "s3", "bucket": bucket, "path": key}
-    endpoint = opts.get("endpoint_url") or opts.get("client_kwargs", {}).get("endpoint_url")
+    """TensorStore ``s3`` kvstore spec for s3fs-style ``storage_options``."""
+    spec: dict[str, Any] = {"driver": "s3", "bucket": bucket, "path": key, "aws_region": _region(opts)}
+    endpoint = _endpoint(opts)
     if endpoint:
-        spec["endpoint"] = str(endpoint)
-    region = opts.get("client_kwargs", {}).get("region_name") or opts.get("region")
-    spec["aws_region"] = str(region or "us-east-1")
+        spec["endpoint"] = endpoint
     if opts.get("anon"):
         spec["aws_credentials"] = {"type": "anonymous"}
-    elif "key" in opts:
-        # TensorStore reads explicit keys from the environment credential provider.
-        os.environ.setdefault("AWS_ACCESS_KEY_ID", str(opts["key"]))
-        os.environ.setdefault("AWS_SECRET_ACCESS_KEY", str(opts.get("secret", "")))
-        if "token" in opts:
-            os.environ.setdefault("AWS_SESSION_TOKEN", str(opts["token"]))
-        spec["aws_credentials"] = {"type": "environment"}
-    return spec
+    elif opts.get("key"):
+        spec["aws_credentials"] = _CREDENTIALS.profile_spec(
+            str(opts["key"]), str(opts.get("secret", "")), opts.get("token")
+        )
+    elif opts.get("profile"):
+        spec["aws_credentials"] = {"type": "profile", "profile": str(opts["profile"])}
+    return spec  # no credentials given: TensorStore's default chain (env, ~/.aws, instance metadata)
+
+
+class _CredentialFiles:
+    """Explicit S3 keys for TensorStore, which has no inline-key credential type.
+
+    TensorStore's credential types are default/anonymous/environment/imds/
+    profile/ecs. Rather than writing keys into ``os.environ`` (process-global:
+    two datasets with different keys would clash), each distinct key set
+    becomes a profile in a private credentials file (directory 0700, file
+    0600) that only this process's specs reference. The directory is removed
+    when the creating process exits (not by forked children).
+    """
+
+    def __init__(self) -> None:
+        self._dir: str | None = None
+        self._owner = 0
+        self._profiles: dict[str, tuple[str, str, str | None]] = {}
+        self._lock = threading.Lock()
+
+    def profile_spec(self, key: str, secret: str, token: str | None) -> dict[str, Any]:
+        name = "el-" + hashlib.sha256(f"{key}\0{secret}\0{token}".encode()).hexdigest()[:16]
+        with self._lock:
+            if self._dir is None or not os.path.isdir(self._dir):
+                self._dir = tempfile.mkdtemp(prefix="episodelake-aws-", dir=_ram_dir())
+                self._owner = os.getpid()
+                self._profiles = {}
+                atexit.register(self._remove, self._dir, self._owner)
+            if name not in self._profiles:
+                self._profiles[name] = (key, secret, token)
+                self._write()
+            assert self._dir is not None
+            return {
+                "type": "profile",
+                "profile": name,
+                "credentials_file": os.path.join(self._dir, "credentials"),
+                "config_file": os.path.join(self._dir, "config"),
+            }
+
+    def _write(self) -> None:
+        assert self._dir is not None
+        lines = []
+        for name, (key, secret, token) in self._profiles.items():
+            lines += [f"[{name}]", f"aws_access_key_id = {key}", f"aws_secret_access_key = {secret}"]
+            if token:
+                lines.append(f"aws_session_token = {token}")
+        for fname, text in (("credentials", "\n".join(lines) + "\n"), ("config", "")):
+            tmp = os.path.join(self._dir, f".{fname}.{uuid.uuid4().hex}")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as fh:
+                fh.write(text)
+            os.replace(tmp, os.path.join(self._dir, fname))
+
+    @staticmethod
+    def _remove(path: str, owner: int) -> None:
+        if os.getpid() == owner:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+_CREDENTIALS = _CredentialFiles()
+
+
+def _gs_delta_options(opts: dict[str, Any]) -> dict[str, str]:
+    """deltalake options for gcsfs-style ``storage_options`` (``token``: key file path or dict)."""
+    out: dict[str, str] = {}
+    token = opts.get("token")
+    if isinstance(token, dict):
+        out["google_service_account_key"] = json.dumps(token)
+    elif isinstance(token, str) and token not in ("google_default", "cloud", "anon"):
+        out["google_service_account"] = token
+    if token == "anon":
+        out["google_skip_signature"] = "true"
+    return out
 
 
 def _remove_tree(path: str) -> None:

@@ -127,7 +127,8 @@ def validate(ds: Dataset, tensors: bool = True) -> ValidationReport:
     """
     loc = ds.location
     report = ValidationReport(loc.url, ds.version)
-    _check_log(loc, report)
+    report.log_entries = len(loc.fs.glob(loc.child(*_LOG_DIR, "*.json")))
+    report.problems += log_problems(loc)
     adds = pa.table(ds._table.dt.get_add_actions(flatten=True)).to_pylist()
     seen: dict[int, str] = {}
     arrays: dict[tuple[str, str], TensorArray | None] = {}
@@ -138,29 +139,29 @@ def validate(ds: Dataset, tensors: bool = True) -> ValidationReport:
         if tbl is None:
             continue
         for row in range(tbl.num_rows):
-            _check_episode(ds, tbl, row, rel, seen, arrays, report, tensors)
+            _check_episode(ds, tbl, row, loc.child("episodes", rel), seen, arrays, report, tensors)
     return report
 
 
-def _check_log(loc: Location, report: ValidationReport) -> None:
-    """Every commit file of the log must be one JSON action per line."""
+def log_problems(loc: Location) -> list[Problem]:
+    """Commit entries of the Delta log that are not one JSON action per line, and unreadable checkpoints."""
     log = loc.child(*_LOG_DIR)
+    out: list[Problem] = []
     for path in sorted(loc.fs.glob(f"{log}/*.json")):
-        report.log_entries += 1
         try:
             with loc.fs.open(path, "rb") as fh:
-                lines = fh.read().decode().splitlines()
-            for line in lines:
-                if line.strip():
-                    json.loads(line)
+                for line in fh.read().decode().splitlines():
+                    if line.strip():
+                        json.loads(line)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            report.problems.append(Problem("log", f"commit entry is not valid JSON: {exc}", file=path))
+            out.append(Problem("log", f"commit entry is not valid JSON: {exc}", file=path))
     for path in sorted(loc.fs.glob(f"{log}/*.checkpoint*.parquet")):
         try:
             with loc.fs.open(path, "rb") as fh:
                 pq.read_metadata(fh)
         except (OSError, pa.ArrowException) as exc:
-            report.problems.append(Problem("log", f"checkpoint unreadable: {exc}", file=path))
+            out.append(Problem("log", f"checkpoint unreadable: {exc}", file=path))
+    return out
 
 
 def _read_table_file(loc: Location, rel: str, add: dict[str, Any], report: ValidationReport) -> pa.Table | None:
@@ -233,7 +234,8 @@ def _check_episode(
                 report.tensor_rows += rows
                 if zlib.crc32(np.ascontiguousarray(got).data) != rec[f"crc/{f.key}"].as_py():
                     arr = arrays[(rec["writer"].as_py(), f.key)]
-                    problem("checksum", f"field {f.key!r}: CRC-32 of its tensor rows differs", arr.where if arr else path)
+                    where = arr.where if arr else path
+                    problem("checksum", f"field {f.key!r}: CRC-32 of its tensor rows differs", where)
         else:
             got = _table_rows(f, rec[f.key], rows, problem)
         if got is not None:
@@ -250,7 +252,8 @@ def _table_rows(f: FieldSpec, scalar: pa.Scalar, rows: int, problem) -> np.ndarr
     for depth, want in enumerate(dims):
         lengths = pc.list_value_length(arr).to_numpy(zero_copy_only=False)
         if lengths.size == 0 or (lengths != want).any():
-            problem("length", f"field {f.key!r}: level {depth} has lengths {sorted(set(lengths.tolist()))}, want {want}")
+            found = sorted(set(lengths.tolist()))
+            problem("length", f"field {f.key!r}: level {depth} has lengths {found}, want {want}")
             return None
         arr = pc.list_flatten(arr)
     return from_storage(flatten_lists(arr, 0).reshape(dims), f.np_dtype)
@@ -357,15 +360,18 @@ def _referenced_rows(ds: Dataset, doomed: set[str]) -> dict[tuple[str, str], tup
         writers = tbl["writer"].to_numpy(zero_copy_only=False)
         lengths = tbl["length"].to_numpy()
         for f in fields:
-            stops = tbl[f"ref/{f.key}"].to_numpy() + lengths + (1 if f.role == "observation" else 0)
+            rows = lengths + (1 if f.role == "observation" else 0)
+            stops = tbl[f"ref/{f.key}"].to_numpy() + rows
             for w in np.unique(writers):
                 mine = writers == w
                 end, count = out.get((w, f.key), (0, 0))
-                out[(w, f.key)] = (max(end, int(stops[mine].max())), count + int((stops[mine] - tbl[f"ref/{f.key}"].to_numpy()[mine]).sum()))
+                out[(w, f.key)] = (max(end, int(stops[mine].max())), count + int(rows[mine].sum()))
     return out
 
 
-def _vacuum_tensors(ds: Dataset, refs: dict[tuple[str, str], tuple[int, int]], cutoff: float, report: VacuumReport) -> None:
+def _vacuum_tensors(
+    ds: Dataset, refs: dict[tuple[str, str], tuple[int, int]], cutoff: float, report: VacuumReport
+) -> None:
     loc = ds.location
     root = loc.child("tensors")
     if not loc.fs.exists(root):

@@ -14,6 +14,7 @@ Readers of a snapshot see exactly the episodes of its version.
 from __future__ import annotations
 
 import threading
+import zlib
 from collections.abc import Sequence
 from functools import cached_property
 from typing import Any
@@ -27,7 +28,7 @@ from .errors import CorruptionError
 from .location import Location
 from .schema import DatasetSchema, FieldSpec, from_storage, storage_dtype
 from .table import EpisodeTable
-from .tensors import TensorArray, read_many
+from .tensors import TensorArray, make_context, read_many
 
 INDEX_COLUMNS = ("episode_id", "writer", "length", "terminated", "truncated", "return", "created_at")
 
@@ -41,7 +42,15 @@ def flatten_lists(col: pa.ChunkedArray | pa.Array, depth: int) -> np.ndarray:
 
 
 class Snapshot:
-    """Episodes of one table version, in stable order. Thread-safe lazy loading."""
+    """Episodes of one table version, in stable order. Thread-safe lazy loading.
+
+    Unreadable table files and tensor chunks raise :class:`CorruptionError`
+    naming the file (and the episode, for tensors). With ``verify`` set, each
+    episode's tensor rows are checked against their stored CRC-32 on its first
+    read from this snapshot (a whole-episode read, then cached as verified).
+    """
+
+    verify = False
 
     def __init__(self, loc: Location, schema: DatasetSchema, table: EpisodeTable, context: ts.Context) -> None:
         self.loc = loc
@@ -52,8 +61,32 @@ class Snapshot:
         self._lock = threading.Lock()
         self._fields: dict[str, np.ndarray] = {}
         self._arrays: dict[tuple[str, str], TensorArray] = {}
+        self._verified: set[tuple[str, int]] = set()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Worker processes get the loaded NumPy caches; the Arrow dataset, the
+        # TensorStore context/handles and the lock are per process.
+        state = self.__dict__.copy()
+        for name in ("_dataset", "_context", "_lock", "_arrays"):
+            del state[name]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._dataset = None
+        self._context = make_context()
+        self._lock = threading.Lock()
+        self._arrays = {}
+
+    def _read_table(self, columns: list[str]) -> pa.Table:
+        try:
+            return self.arrow_dataset().to_table(columns=columns)
+        except (OSError, pa.ArrowException) as exc:  # a truncated/damaged Parquet file names itself
+            raise CorruptionError(f"{self.loc.url} version {self.version}: episode table unreadable: {exc}") from exc
 
     def arrow_dataset(self):
+        if self._dataset is None:  # unpickled in another process: reopen the pinned version
+            self._dataset = EpisodeTable.open(self.loc, self.version).dataset()
         return self._dataset
 
     @cached_property
@@ -63,7 +96,7 @@ class Snapshot:
         cols += [f.key for f in self.schema.meta_fields]
         for f in self.schema.tensor_fields:
             cols += [f"ref/{f.key}", f"crc/{f.key}"]
-        tbl = self._dataset.to_table(columns=cols)
+        tbl = self._read_table(cols)
         order = pc.sort_indices(tbl, sort_keys=[("created_at", "ascending"), ("episode_id", "ascending")])
         tbl = tbl.take(order)
         out: dict[str, np.ndarray] = {}
@@ -115,10 +148,18 @@ class Snapshot:
         with self._lock:
             if f.key in self._fields:
                 return self._fields[f.key]
-            tbl = self._dataset.to_table(columns=["episode_id", f.key])
+            tbl = self._read_table(["episode_id", f.key])
             ids = tbl.column("episode_id").to_numpy()
             pos = np.fromiter((self.position_of_id[int(i)] for i in ids), np.int64, len(ids))
             col = tbl.column(f.key).combine_chunks().take(pa.array(np.argsort(pos)))
+            listed = pc.list_value_length(col).to_numpy(zero_copy_only=False)
+            want = np.diff(self.offsets(f))
+            if len(listed) != len(want) or (listed != want).any():
+                bad = int(np.flatnonzero(listed != want)[0]) if len(listed) == len(want) else 0
+                raise CorruptionError(
+                    f"episode {int(self.index['episode_id'][bad])}: field {f.key!r} holds {listed[bad]} rows, "
+                    f"its length implies {want[bad]}"
+                )
             depth = 1 + len(f.shape) + (1 if f.np_dtype.kind == "c" else 0)
             values = flatten_lists(col, depth)
             rows = self.offsets(f)[-1]
@@ -155,13 +196,39 @@ class Snapshot:
             return [values[base[p] + a : base[p] + b] for p, a, b in zip(pos, lo, hi, strict=True)]
         requests = []
         for p, a, b in zip(pos, lo, hi, strict=True):
-            writer = str(self.index["writer"][p])
-            arr = self.tensor_array(writer, f)
+            eid = int(self.index["episode_id"][p])
+            try:
+                arr = self.tensor_array(str(self.index["writer"][p]), f)
+            except CorruptionError as exc:
+                raise CorruptionError(f"episode {eid}: field {f.key!r}: {exc}") from exc
             start, stop = self.field_rows(f, p)
             if stop > arr.rows:
                 raise CorruptionError(
-                    f"episode {int(self.index['episode_id'][p])}: field {f.key!r} references rows "
-                    f"[{start}, {stop}) but {arr.where} has {arr.rows} rows"
+                    f"episode {eid}: field {f.key!r} references rows [{start}, {stop}) "
+                    f"but {arr.where} has {arr.rows} rows"
                 )
+            if self.verify and (f.key, p) not in self._verified:
+                self._verify_rows(f, p, arr, start, stop)
             requests.append((arr, start + a, start + b))
-        return read_many(requests)
+        try:
+            return read_many(requests)
+        except ValueError:  # TensorStore could not read a chunk: find the episode to name it
+            for (arr, start, stop), p in zip(requests, pos, strict=True):
+                try:
+                    read_many([(arr, start, stop)])
+                except ValueError as exc:
+                    raise CorruptionError(
+                        f"episode {int(self.index['episode_id'][p])}: field {f.key!r} rows [{start}, {stop}) "
+                        f"of {arr.where} unreadable: {exc}"
+                    ) from exc
+            raise
+
+    def _verify_rows(self, f: FieldSpec, p: int, arr: TensorArray, start: int, stop: int) -> None:
+        where = f"episode {int(self.index['episode_id'][p])}: field {f.key!r} rows [{start}, {stop}) of {arr.where}"
+        try:
+            rows = read_many([(arr, start, stop)])[0]
+        except ValueError as exc:
+            raise CorruptionError(f"{where} unreadable: {exc}") from exc
+        if zlib.crc32(np.ascontiguousarray(rows).data) != int(self.index[f"crc/{f.key}"][p]):
+            raise CorruptionError(f"{where} fail their CRC-32 check")
+        self._verified.add((f.key, p))

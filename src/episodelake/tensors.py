@@ -64,9 +64,15 @@ def zarr_metadata(field: FieldSpec, sharded: bool) -> dict[str, Any]:
         "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": chunk}},
         "chunk_key_encoding": {"name": "default"},
         "codecs": codecs,
-        "fill_value": False if field.np_dtype == np.bool_ else 0,
+        "fill_value": _fill_value(field.np_dtype),
         "dimension_names": ["t", *(list(field.layout) if field.layout else [None] * len(field.shape))],
     }
+
+
+def _fill_value(dtype: np.dtype) -> Any:
+    if dtype == np.bool_:
+        return False
+    return [0, 0] if dtype.kind == "c" else 0
 
 
 def array_parts(writer: str, field: FieldSpec) -> tuple[str, ...]:
@@ -75,6 +81,12 @@ def array_parts(writer: str, field: FieldSpec) -> tuple[str, ...]:
 
 class TensorArray:
     """One append-only Zarr v3 array (rows along axis 0)."""
+
+    # Each append starts at a multiple of this many rows. Sharded arrays (object
+    # stores) use the shard's rows: a shard object is then written by one
+    # append only, never read back and rewritten; the skipped rows are never
+    # written (nothing is stored for them) nor referenced.
+    align = 1
 
     def __init__(self, store: ts.TensorStore, field: FieldSpec, where: str) -> None:
         self.store = store
@@ -90,8 +102,13 @@ class TensorArray:
             "kvstore": loc.kvstore(*parts),
             "metadata": zarr_metadata(field, sharded=not loc.is_local),
             "create": True,
+            # Every written chunk is stored (even all-zero ones), so a missing chunk is an error on read.
+            "store_data_equal_to_fill_value": True,
         }
-        return cls(ts.open(spec, context=context).result(), field, loc.child_url(*parts))
+        arr = cls(ts.open(spec, context=context).result(), field, loc.child_url(*parts))
+        if not loc.is_local:
+            arr.align = int(spec["metadata"]["chunk_grid"]["configuration"]["chunk_shape"][0])
+        return arr
 
     @classmethod
     def open(
@@ -99,6 +116,12 @@ class TensorArray:
     ) -> TensorArray:
         parts = array_parts(writer, field)
         spec = {"driver": "zarr3", "kvstore": loc.kvstore(*parts), "open": True}
+        if read_only:
+            spec["fill_missing_data_reads"] = False  # a deleted chunk must fail, not read as zeros
+        if not loc.is_local:
+            # Committed shards never change (appends start on a fresh shard), so a
+            # cached chunk needs no revalidating GET; the metadata still does.
+            spec["recheck_cached_data"] = False
         try:
             store = ts.open(spec, context=context, read=True, write=not read_only).result()
         except ValueError as exc:
@@ -118,7 +141,7 @@ class TensorArray:
         each episode's first row and the write future; the caller must await it
         before committing rows that reference the data.
         """
-        start = self.rows
+        start = -(-self.rows // self.align) * self.align
         lengths = [len(e) for e in episodes]
         end = start + sum(lengths)
         self.store = self.store.resize(

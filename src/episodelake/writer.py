@@ -24,10 +24,9 @@ import time
 import weakref
 import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -196,9 +195,10 @@ def episode_stats(f: FieldSpec, values: np.ndarray) -> dict[str, Any]:
     }
 
 
+@np.errstate(invalid="ignore", over="ignore")  # inf/NaN data give inf/NaN stats, not warnings
 def episode_summary(schema: DatasetSchema, e: FinishedEpisode) -> dict[str, Any]:
     """Per-field statistics and tensor checksums of one episode (run in a thread pool)."""
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {"return": _episode_return(schema, e)}
     for f in schema.step_fields:
         values = e.data[f.key]
         if f.in_tensor:
@@ -240,7 +240,7 @@ def build_rows(
         "length": pa.array([e.length for e in episodes], pa.int64()),
         "terminated": pa.array([e.terminated for e in episodes], pa.bool_()),
         "truncated": pa.array([e.truncated for e in episodes], pa.bool_()),
-        "return": pa.array([_episode_return(schema, e) for e in episodes], pa.float64()),
+        "return": pa.array([s["return"] for s in summaries], pa.float64()),
         "created_at": pa.array([e.created_at for e in episodes], pa.timestamp("us", tz="UTC")),
     }
     for f in schema.meta_fields:
@@ -315,6 +315,7 @@ class CommitSink:
         self.name = f"{number:08x}"
         self.seq = 0
         self.pending: list[FinishedEpisode] = []
+        self.summaries: list[Future[dict[str, Any]]] = []
         self.pending_bytes = 0
         self.first_pending_at: float | None = None
         self.arrays: dict[str, TensorArray] = {}
@@ -324,6 +325,8 @@ class CommitSink:
         if not self.pending:
             self.first_pending_at = time.monotonic()
         self.pending.append(episode)
+        # statistics and checksums are computed in the background while collection goes on
+        self.summaries.append(_POOL.submit(episode_summary, self.schema, episode))
         self.pending_bytes += episode.nbytes
         if (
             len(self.pending) >= self.commit_episodes
@@ -352,7 +355,7 @@ class CommitSink:
         for f in self.schema.tensor_fields:
             refs[f.key], future = self._array(f).append_many([e.data[f.key] for e in episodes])
             writes.append(future)
-        summaries = list(_POOL.map(partial(episode_summary, self.schema), episodes))
+        summaries = [s.result() for s in self.summaries]
         for w in writes:
             w.result()
         ids = [(self.number << 32) | (self.seq + i) for i in range(len(episodes))]
@@ -360,6 +363,7 @@ class CommitSink:
         version = self.ds._table.append(rows)
         self.seq += len(episodes)
         self.pending = []
+        self.summaries = []
         self.pending_bytes = 0
         self.first_pending_at = None
         self.ds._on_commit()
@@ -541,11 +545,22 @@ def _episode_flags(episode: Mapping[str, Any], length: int, where: str) -> tuple
 
 
 def write_episodes(sink: CommitSink, episodes: Iterable[Mapping[str, Any]]) -> int:
-    """Validate and submit dict-form episodes; returns how many were written."""
+    """Validate and submit dict-form episodes; returns how many were written.
+
+    A rejected episode withdraws this call's episodes that are still pending
+    (so a batch within one commit is all or nothing); episodes an automatic
+    commit already stored during the call stay.
+    """
     count = 0
-    for i, ep in enumerate(episodes):
-        sink.submit(episode_from_dict(sink.schema, ep, f"episode {i}"))
-        count += 1
+    seq, kept = sink.seq, len(sink.pending)
+    try:
+        for i, ep in enumerate(episodes):
+            sink.submit(episode_from_dict(sink.schema, ep, f"episode {i}"))
+            count += 1
+    except ValidationError:
+        sink.pending = sink.pending[:kept] if sink.seq == seq else []
+        sink.pending_bytes = sum(e.nbytes for e in sink.pending)
+        raise
     return count
 
 
@@ -572,7 +587,9 @@ class VectorEpisodeWriter:
         autoreset_mode: str = "next_step",
         meta: Mapping[str, Any] | Callable[[int], Mapping[str, Any]] | None = None,
     ) -> None:
-        mode = getattr(autoreset_mode, "value", autoreset_mode)
+        # Accept "next_step", gymnasium's AutoresetMode.NEXT_STEP and its value "NextStep".
+        mode = str(getattr(autoreset_mode, "value", autoreset_mode)).lower().replace("_", "")
+        mode = {"nextstep": "next_step", "samestep": "same_step"}.get(mode, mode)
         if mode not in ("next_step", "same_step"):
             raise ValidationError(f"autoreset_mode must be 'next_step' or 'same_step', got {autoreset_mode!r}")
         self.sink = sink

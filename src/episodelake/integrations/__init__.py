@@ -1,0 +1,1 @@
+"""Optional integrations (Gymnasium, torch, TensorDict, JAX); each module imports its peer lazily."""

@@ -1,0 +1,359 @@
+"""SQL over episodes: DuckDB views of a snapshot, where(), select_episodes() and stats().
+
+Every query runs in an in-process DuckDB cursor that sees two views, defined by
+the ``.sql`` files shipped in ``episodelake/sql/``:
+
+* ``episodes``: the snapshot's Delta table as an Arrow dataset (projection and
+  filter pushdown, hive partition pruning). Storage encodings show through:
+  uint8/16/32 are widened to the next signed int (values are true), uint64 is
+  bit-reinterpreted as int64, float16 is widened to float32 and complex values
+  have a trailing ``[re, im]`` axis.
+* ``steps``: one row per transition (``episode_id``, ``t``, per-transition
+  ``terminated``/``truncated`` and every small per-step field; an observation
+  field ``<key>`` at row ``t`` and ``next_<key>`` at row ``t + 1``).
+
+For a :class:`~episodelake.dataset.DatasetView` both views hold only the view's
+episodes. Each query gets its own cursor, so a returned relation stays valid
+(and lazy) however many queries follow it.
+
+Statistics come from one SQL aggregate over the per-episode mergeable
+statistics (``stats/<key>/{count,sum,sumsq,min,max}``) written at commit time.
+They are loaded once per snapshot into a flat in-memory table in episode order
+(lists split into one column per channel), so a subset's statistics cost a
+``take`` of its rows plus one aggregate, never a pass over steps or tensors.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import weakref
+from collections.abc import Iterable
+from functools import cache
+from importlib.resources import files
+from string import Template
+from typing import TYPE_CHECKING, Any
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .errors import CorruptionError, QueryError
+from .schema import FieldSpec
+from .snapshot import Snapshot
+from .table import STAT_PARTS, has_stats, stat_column
+
+if TYPE_CHECKING:
+    from .dataset import DatasetView, EpisodeCollection
+
+_COMMENT = re.compile(r"^\s*--.*$\n?", re.MULTILINE)
+
+
+@cache
+def sql_template(name: str) -> Template:
+    """The packaged ``sql/<name>.sql`` without its comment lines, as a ``$``-placeholder template."""
+    text = files("episodelake").joinpath("sql", f"{name}.sql").read_text()
+    return Template(_COMMENT.sub("", text).strip())
+
+
+def quote(name: str) -> str:
+    """A SQL identifier for a column name (keys contain ``/``)."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def next_key(f: FieldSpec) -> str:
+    """Name of the ``steps`` column holding observation row ``t + 1`` of ``f``."""
+    return f"next_{f.key}"
+
+
+class _SnapshotSQL:
+    """Per-snapshot state: a DuckDB database, the id -> position map and the statistics table."""
+
+    def __init__(self, snap: Snapshot) -> None:
+        self.snap = snap
+        self.db = duckdb.connect()
+        self.lock = threading.Lock()
+        self._id_order: tuple[np.ndarray, np.ndarray] | None = None
+        self._stats: pa.Table | None = None
+
+    def id_order(self) -> tuple[np.ndarray, np.ndarray]:
+        """(sorted episode ids, their positions): vectorized id -> position lookups."""
+        if self._id_order is None:
+            ids = np.asarray(self.snap.index["episode_id"], dtype=np.int64)
+            order = np.argsort(ids, kind="stable")
+            self._id_order = (ids[order], order)
+        return self._id_order
+
+    def lookup(self, ids: np.ndarray) -> np.ndarray:
+        """Snapshot position of each id, in the given order; unknown ids raise :class:`QueryError`."""
+        sorted_ids, order = self.id_order()
+        ids = np.asarray(ids, dtype=np.int64)
+        idx = np.searchsorted(sorted_ids, ids).clip(max=max(len(sorted_ids) - 1, 0))
+        found = sorted_ids[idx] == ids if len(sorted_ids) else np.zeros(len(ids), dtype=bool)
+        if not found.all():
+            missing = ids[~found][:10].tolist()
+            raise QueryError(f"episode ids not in snapshot version {self.snap.version}: {missing}")
+        return order[idx]
+
+    def positions_of(self, ids: np.ndarray) -> np.ndarray:
+        """Snapshot positions of ``ids`` without duplicates, in episode order."""
+        return np.unique(self.lookup(ids))
+
+    def stats_table(self, fields: list[FieldSpec]) -> pa.Table:
+        """Length, return and the flattened statistics of ``fields``, one row per episode in episode order."""
+        with self.lock:
+            have = set() if self._stats is None else set(self._stats.column_names)
+            todo = [f for f in fields if stat_column(f, "count") not in have]
+            if self._stats is None or todo:
+                self._stats = self._load_stats(todo, self._stats)
+            return self._stats
+
+    def _load_stats(self, fields: list[FieldSpec], current: pa.Table | None) -> pa.Table:
+        cols = [stat_column(f, p) for f in fields for p in STAT_PARTS]
+        base = ["length", "return"] if current is None else []
+        tbl = self.snap.arrow_dataset().to_table(columns=["episode_id", *base, *cols])
+        # reorder rows into episode order (the order of snapshot positions)
+        pos = self.lookup(tbl.column("episode_id").to_numpy())
+        if tbl.num_rows != self.snap.num_episodes or len(np.unique(pos)) != tbl.num_rows:
+            raise CorruptionError(f"snapshot version {self.snap.version}: episode ids in the table are not unique")
+        order = np.empty(tbl.num_rows, dtype=np.int64)
+        order[pos] = np.arange(tbl.num_rows)
+        tbl = tbl.take(pa.array(order))
+        out = {name: tbl.column(name) for name in base}
+        for f in fields:
+            out[stat_column(f, "count")] = tbl.column(stat_column(f, "count"))
+            channels = f.stat_channels
+            for part in STAT_PARTS[1:]:
+                col = tbl.column(stat_column(f, part)).combine_chunks()
+                if col.null_count:
+                    raise CorruptionError(f"field {f.key!r}: statistics column {part!r} has missing values")
+                values = pc.list_flatten(col).to_numpy(zero_copy_only=False)
+                if values.size != tbl.num_rows * channels:
+                    raise CorruptionError(
+                        f"field {f.key!r}: statistics {part!r} hold {values.size} values, "
+                        f"expected {channels} per episode"
+                    )
+                values = values.reshape(tbl.num_rows, channels)
+                for c in range(channels):
+                    out[f"{stat_column(f, part)}/{c}"] = pa.array(np.ascontiguousarray(values[:, c]))
+        if current is None:
+            return pa.table(out)
+        for name, col in out.items():
+            current = current.append_column(name, col)
+        return current
+
+
+_STATE: weakref.WeakKeyDictionary[Snapshot, _SnapshotSQL] = weakref.WeakKeyDictionary()
+_STATE_LOCK = threading.Lock()
+
+
+def _state(snap: Snapshot) -> _SnapshotSQL:
+    with _STATE_LOCK:
+        st = _STATE.get(snap)
+        if st is None:
+            st = _STATE[snap] = _SnapshotSQL(snap)
+        return st
+
+
+def _is_view(collection: EpisodeCollection) -> bool:
+    return getattr(collection, "_positions", None) is not None
+
+
+def _steps_columns(collection: EpisodeCollection) -> tuple[str, str]:
+    unnest, columns = [], []
+    for f in collection.schema.table_step_fields:
+        col = quote(f.key)
+        if f.role == "observation":
+            unnest.append(f"unnest({col}[1:length]) AS {col}")
+            unnest.append(f"unnest({col}[2:length + 1]) AS {quote(next_key(f))}")
+            columns += [col, quote(next_key(f))]
+        else:
+            unnest.append(f"unnest({col}) AS {col}")
+            columns.append(col)
+    return "".join(f",\n    {u}" for u in unnest), "".join(f",\n    {c}" for c in columns)
+
+
+def connect(collection: EpisodeCollection) -> duckdb.DuckDBPyConnection:
+    """A fresh DuckDB cursor with the ``episodes`` and ``steps`` views of ``collection``."""
+    snap = collection.snapshot()
+    cur = _state(snap).db.cursor()
+    cur.register("episode_table", snap.arrow_dataset())
+    restriction = ""
+    if _is_view(collection):
+        cur.register("view_ids", pa.table({"episode_id": pa.array(collection.episode_ids, pa.int64())}))
+        restriction = "SEMI JOIN view_ids USING (episode_id)"
+    cur.execute(sql_template("episodes").substitute(restriction=restriction))
+    unnest, columns = _steps_columns(collection)
+    cur.execute(sql_template("steps").substitute(unnest=unnest, columns=columns))
+    return cur
+
+
+def run_sql(collection: EpisodeCollection, query: str, params: Any = None) -> duckdb.DuckDBPyRelation | None:
+    """Run ``query`` over ``episodes``/``steps``; a lazy DuckDB relation (None for statements without rows).
+
+    ``params`` binds ``?`` or ``$name`` placeholders (a sequence or a mapping).
+    """
+    if not isinstance(query, str) or not query.strip():
+        raise QueryError(f"query must be a non-empty SQL string, got {query!r}")
+    cur = connect(collection)
+    try:
+        return cur.sql(query, params=params)
+    except duckdb.Error as exc:
+        raise QueryError(f"SQL error in {query!r}: {exc}") from exc
+
+
+def sql_arrow(collection: EpisodeCollection, query: str, params: Any = None) -> pa.Table:
+    """The result of ``query`` as an Arrow table."""
+    rel = run_sql(collection, query, params)
+    if rel is None:
+        raise QueryError(f"query {query!r} returns no rows to fetch")
+    return rel.to_arrow_table()
+
+
+def column_numpy(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """One result column as NumPy; list columns of uniform length become extra axes, ragged ones objects."""
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    shape = [len(arr)]
+    while pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type) or pa.types.is_fixed_size_list(arr.type):
+        lengths = pc.list_value_length(arr).to_numpy(zero_copy_only=False)
+        if arr.null_count or len(lengths) == 0 or (lengths != lengths[0]).any():
+            return np.array(col.to_pylist(), dtype=object)
+        shape.append(int(lengths[0]))
+        arr = pc.list_flatten(arr)
+    return arr.to_numpy(zero_copy_only=False).reshape(shape)
+
+
+def sql_numpy(collection: EpisodeCollection, query: str, params: Any = None) -> dict[str, np.ndarray]:
+    """The result of ``query`` as NumPy columns (see :func:`column_numpy`)."""
+    tbl = sql_arrow(collection, query, params)
+    return {name: column_numpy(tbl.column(name)) for name in tbl.column_names}
+
+
+def _view(collection: EpisodeCollection, ids: np.ndarray) -> DatasetView:
+    from .dataset import DatasetView  # query sits above dataset in the import graph only at call time
+
+    snap = collection.snapshot()
+    positions = _state(snap).positions_of(ids)
+    dataset = getattr(collection, "dataset", collection)
+    return DatasetView(dataset, snap, positions)
+
+
+def _episode_ids(collection: EpisodeCollection, query: str, what: str) -> np.ndarray:
+    cur = connect(collection)
+    try:
+        tbl = cur.sql(query).to_arrow_table()
+    except duckdb.Error as exc:
+        raise QueryError(f"{what}: {exc}") from exc
+    if "episode_id" not in tbl.column_names:
+        raise QueryError(f"{what}: the query must return an episode_id column, got {tbl.column_names}")
+    ids = tbl.column("episode_id")
+    if not pa.types.is_integer(ids.type) or ids.null_count:
+        raise QueryError(f"{what}: episode_id must be non-null integers, got {ids.type}")
+    return ids.to_numpy()
+
+
+def where(collection: EpisodeCollection, predicate: str) -> DatasetView:
+    """The episodes of ``collection`` for which the SQL ``predicate`` over ``episodes`` is true."""
+    if not isinstance(predicate, str) or not predicate.strip():
+        raise QueryError(f"where() needs a SQL predicate string, got {predicate!r}")
+    ids = _episode_ids(
+        collection, f"SELECT episode_id FROM episodes WHERE ({predicate})", f"invalid where() predicate {predicate!r}"
+    )
+    return _view(collection, ids)
+
+
+def select_episodes(collection: EpisodeCollection, query: str) -> DatasetView:
+    """The episodes whose ``episode_id`` the SQL ``query`` returns (duplicates count once).
+
+    Ids outside ``collection`` raise :class:`QueryError`.
+    """
+    if not isinstance(query, str) or not query.strip():
+        raise QueryError(f"select_episodes() needs a SQL query string, got {query!r}")
+    ids = _episode_ids(collection, query, f"invalid select_episodes() query {query!r}")
+    view = _view(collection, ids)
+    if _is_view(collection):
+        outside = np.setdiff1d(view.positions, collection.positions)
+        if len(outside):
+            bad = collection.snapshot().index["episode_id"][outside][:10].tolist()
+            raise QueryError(f"select_episodes(): episode ids not in this view: {bad}")
+    return view
+
+
+def stat_fields(collection: EpisodeCollection, fields: Iterable[str] | None) -> list[FieldSpec]:
+    """The fields a statistics request covers (default: every numeric per-step field)."""
+    schema = collection.schema
+    if fields is None:
+        return [f for f in schema.step_fields if has_stats(f)]
+    if isinstance(fields, str):
+        fields = [fields]
+    out = []
+    for key in fields:
+        f = next((f for f in schema.step_fields if f.key == key), None)
+        if f is None or not has_stats(f):
+            known = [f.key for f in schema.step_fields if has_stats(f)]
+            raise QueryError(f"stats: {key!r} is not a numeric per-step field; fields with statistics: {known}")
+        out.append(f)
+    return out
+
+
+def _moments(name: str, n: str, total: str, sumsq: str, lo: str, hi: str) -> str:
+    return sql_template("moments").substitute(name=name, n=n, sum=total, sumsq=sumsq, min=lo, max=hi)
+
+
+def stats_sql(fields: list[FieldSpec]) -> str:
+    """The one aggregate (``sql/stats.sql``) computing every statistic of ``fields`` over ``episode_stats``."""
+    parts = [
+        _moments("length", "1", '"length"', '"length" * "length"', '"length"', '"length"'),
+        _moments(
+            "return", 'CAST("return" IS NOT NULL AS BIGINT)', '"return"', '"return" * "return"', '"return"', '"return"'
+        ),
+    ]
+    for f in fields:
+        for c in range(f.stat_channels):
+            col = {p: quote(f"{stat_column(f, p)}/{c}") for p in STAT_PARTS[1:]}
+            n = quote(stat_column(f, "count"))
+            parts.append(_moments(f"{f.key}/{c}", n, col["sum"], col["sumsq"], col["min"], col["max"]))
+    return sql_template("stats").substitute(moments=",\n".join(parts))
+
+
+MOMENTS = ("count", "sum", "mean", "std", "min", "max")
+
+
+def stats(collection: EpisodeCollection, fields: Iterable[str] | None = None) -> dict[str, dict[str, Any]]:
+    """Count, sum, mean, population std, min and max of per-step fields, episode length and return.
+
+    Returns ``{"episodes": {"count": n}, "length": {...}, "return": {...}, <key>: {...}}``.
+    ``length``/``return`` values are floats (``count`` an int; ``return`` counts
+    episodes that have one). A field's values are per channel (the ``C`` axis
+    of its layout, or the single axis of a 1-D field): ``count`` is an int
+    (values per channel), the rest float64 arrays of shape ``[C]``; a field
+    without channels gives floats. An empty subset gives NaN. Computed by one
+    SQL aggregate over the commit-time statistics; no tensor is read.
+    """
+    specs = stat_fields(collection, fields)
+    snap = collection.snapshot()
+    table = _state(snap).stats_table(specs)
+    if _is_view(collection):
+        table = table.take(pa.array(collection.positions))
+    cur = _state(snap).db.cursor()
+    cur.register("episode_stats", table)
+    cur.execute(stats_sql(specs))
+    values = dict(zip([d[0] for d in cur.description], cur.fetchone(), strict=True))
+    out: dict[str, dict[str, Any]] = {"episodes": {"count": int(values["episodes"])}}
+    for name in ("length", "return"):
+        out[name] = {m: _number(values[f"{name}/{m}"], m) for m in MOMENTS}
+    for f in specs:
+        per = {m: np.array([_number(values[f"{f.key}/{c}/{m}"], m) for c in range(f.stat_channels)]) for m in MOMENTS}
+        entry: dict[str, Any] = {"count": int(per["count"][0])}
+        for m in MOMENTS[1:]:
+            vals = per[m].astype(np.float64)
+            entry[m] = vals if f.channel_axis is not None else float(vals[0])
+        out[f.key] = entry
+    return out
+
+
+def _number(value: Any, moment: str) -> float | int:
+    if moment == "count":
+        return int(value or 0)
+    return float("nan") if value is None else float(value)

@@ -1,0 +1,417 @@
+"""Importers, each checked value by value against data made by the real peer package (or, for D4RL, by hand)."""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import episodelake as el
+from episodelake import cli
+from episodelake.importers import action_out_episode, import_dataset
+from episodelake.importers.d4rl import episode_bounds
+
+from .test_gym_recording import DictMultiDiscreteEnv, flat
+
+
+def assert_same(a, b):
+    a, b = np.asarray(a), np.asarray(b)
+    assert a.shape == b.shape and a.dtype == b.dtype, (a.shape, a.dtype, b.shape, b.dtype)
+    np.testing.assert_array_equal(a, b)
+
+
+def role_dict(view):
+    """A segment role (bare array or RoleView) as {name: array}."""
+    return view.flat() if isinstance(view, el.RoleView) else {"": view}
+
+
+# ---------------------------------------------------------------- D4RL (hand-built reference)
+
+
+def d4rl_reference(obs, actions, rewards, terminals, timeouts, next_obs=None):
+    """Row-by-row split into expected episodes: (obs rows, actions, rewards, terminated, truncated, index)."""
+    runs, cur = [], []
+    for t in range(len(rewards)):
+        cur.append(t)
+        if terminals[t] or timeouts[t]:
+            runs.append((cur, bool(terminals[t]), bool(timeouts[t]) and not terminals[t]))
+            cur = []
+    if cur:
+        runs.append((cur, False, False))
+    out = []
+    for i, (rows, te, tr) in enumerate(runs):
+        if next_obs is not None:
+            out.append(([obs[t] for t in rows] + [next_obs[rows[-1]]], rows, te, tr, i))
+        elif len(rows) > 1:
+            out.append(([obs[t] for t in rows], rows[:-1], False, False, i))
+    return [(np.stack(o), actions[r], rewards[r], te, tr, i) for o, r, te, tr, i in out]
+
+
+def make_d4rl(rng, n=60):
+    terminals = np.zeros(n, bool)
+    timeouts = np.zeros(n, bool)
+    terminals[[4, 5, 20, 33]] = True  # 5: a one-row episode
+    timeouts[[12, 33, 45]] = True  # 33: both set, terminal wins
+    obs = rng.normal(size=(n, 3)).astype(np.float32)
+    next_obs = np.concatenate([obs[1:], rng.normal(size=(1, 3)).astype(np.float32)])
+    ends = np.flatnonzero(terminals | timeouts)
+    next_obs[ends] = rng.normal(size=(len(ends), 3))  # across a boundary the next obs is the episode's own
+    return {
+        "observations": obs,
+        "actions": rng.normal(size=(n, 2)).astype(np.float32),
+        "rewards": rng.normal(size=n).astype(np.float32),
+        "terminals": terminals,
+        "timeouts": timeouts,
+        "next_observations": next_obs,
+        "infos/qpos": rng.normal(size=(n, 4)),
+    }
+
+
+def check_d4rl(ds, data, with_next):
+    ref = d4rl_reference(
+        data["observations"],
+        data["actions"],
+        data["rewards"],
+        data["terminals"],
+        data["timeouts"],
+        data["next_observations"] if with_next else None,
+    )
+    assert len(ds) == len(ref)
+    for ep, (obs, acts, rews, te, tr, idx) in zip(ds.episodes(), ref, strict=True):
+        seg = ep.read()
+        assert_same(seg.all_obs, obs)
+        assert_same(seg.action, acts)
+        assert_same(seg.reward, rews)
+        assert (ep.terminated, ep.truncated) == (te, tr)
+        assert ep.meta["source_episode"] == idx
+        assert len(seg.extra["qpos"]) == len(acts)
+
+
+@pytest.mark.parametrize("with_next", [True, False])
+def test_d4rl_dict_import(with_next):
+    data = make_d4rl(np.random.default_rng(0))
+    if not with_next:
+        data = {k: v for k, v in data.items() if k != "next_observations"}
+    ds = import_dataset("d4rl", data, None)
+    check_d4rl(ds, {**make_d4rl(np.random.default_rng(0)), **data}, with_next)
+    assert ds.info["source"]["next_observations"] is with_next
+
+
+def test_d4rl_files_and_cli(tmp_path):
+    import h5py
+
+    data = make_d4rl(np.random.default_rng(1))
+    with h5py.File(tmp_path / "d.hdf5", "w") as f:
+        for k, v in data.items():
+            f[k] = v
+        f["metadata/algorithm"] = 1
+    np.savez(tmp_path / "d.npz", **data)
+    ds = el.importers.d4rl.load(str(tmp_path / "d.hdf5"), str(tmp_path / "a"))
+    check_d4rl(el.Dataset.open(str(tmp_path / "a")), data, True)
+    assert cli.main(["import", "d4rl", str(tmp_path / "d.npz"), str(tmp_path / "b")]) == 0
+    check_d4rl(el.Dataset.open(str(tmp_path / "b")), data, True)
+    assert len(ds) == len(el.Dataset.open(str(tmp_path / "b")))
+
+
+def test_d4rl_next_observation_mismatch_names_row():
+    data = make_d4rl(np.random.default_rng(2))
+    data["next_observations"][8, 1] += 1.0  # row 8 is inside episode rows 6..12
+    with pytest.raises(el.ValidationError, match="row 8"):
+        import_dataset("d4rl", data, None)
+    ds = import_dataset("d4rl", data, None, strict=False)  # observations are the truth inside an episode
+    check_d4rl(ds, data, True)
+
+
+def test_failed_import_leaves_nothing(tmp_path):
+    data = make_d4rl(np.random.default_rng(3))
+    data["actions"][50] = np.nan
+    dst = tmp_path / "ds"
+    with pytest.raises(el.ValidationError, match="rows"):
+        data["rewards"] = data["rewards"][:-1]
+        import_dataset("d4rl", data, str(dst))
+    assert not dst.exists()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_action_out_split_matches_reference(draw):
+    n = draw.draw(st.integers(1, 30))
+    terminals = np.array(draw.draw(st.lists(st.booleans(), min_size=n, max_size=n)))
+    timeouts = np.array(draw.draw(st.lists(st.booleans(), min_size=n, max_size=n)))
+    with_next = draw.draw(st.booleans())
+    obs = np.arange(n * 2, dtype=np.float64).reshape(n, 2)
+    next_obs = obs + 0.5 if with_next else None
+    acts, rews = np.arange(n) * 10, np.arange(n) * 0.25
+    got = []
+    for a, b in episode_bounds(terminals, timeouts):
+        ep = action_out_episode(
+            {"o": obs[a:b]},
+            {"a": acts[a:b]},
+            {"r": rews[a:b]},
+            next_observations=None if next_obs is None else {"o": next_obs[a:b]},
+            terminated=terminals[b - 1],
+            truncated=timeouts[b - 1],
+            strict=False,
+        )
+        if ep is not None:
+            got.append(ep)
+    ref = d4rl_reference(obs, acts, rews, terminals, timeouts, next_obs)
+    assert len(got) == len(ref)
+    for ep, (o, a, r, te, tr, _) in zip(got, ref, strict=True):
+        assert_same(ep["observations"]["o"], o)
+        assert_same(ep["actions"]["a"], a)
+        assert_same(ep["rewards"]["r"], r)
+        assert (ep["terminated"], ep["truncated"]) == (te, tr)
+
+
+# ---------------------------------------------------------------- Minari (real DataCollector)
+
+
+@pytest.fixture(scope="module")
+def minari_root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("minari")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MINARI_DATASETS_PATH", str(root))
+        yield root
+
+
+def collect_minari(env, dataset_id, episodes, seed0=0):
+    import minari
+
+    collector = minari.DataCollector(env, record_infos=True, data_format="hdf5")
+    collector.action_space.seed(seed0)
+    for k in range(episodes):
+        collector.reset(seed=seed0 + k if k != 1 else None)
+        while True:
+            _, _, te, tr, _ = collector.step(collector.action_space.sample())
+            if te or tr:
+                break
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # minari warns about missing author/description metadata
+        return collector.create_dataset(dataset_id=dataset_id, algorithm_name="random")
+
+
+MINARI_ENVS = {
+    "cartpole": lambda: gym.make("CartPole-v1"),
+    "pendulum": lambda: gym.make("Pendulum-v1", max_episode_steps=25),
+    "dictmd": lambda: gym.wrappers.TimeLimit(DictMultiDiscreteEnv(), 40),
+}
+
+
+@pytest.mark.parametrize("name", list(MINARI_ENVS))
+def test_minari_import_matches_minari_reader(name, minari_root, tmp_path):
+    mds = collect_minari(MINARI_ENVS[name](), f"test/{name}-v0", episodes=4)
+    path = str(minari_root / "test" / f"{name}-v0")
+    ds = import_dataset("minari", path, str(tmp_path / "ds"))
+    ds = el.Dataset.open(str(tmp_path / "ds"))
+    assert len(ds) == mds.total_episodes == 4
+    seeds = [m.get("seed") for m in mds.storage.get_episode_metadata(range(4))]
+    assert seeds[1] is None and seeds[0] == 0
+    for i in range(4):
+        ref = mds[i]
+        ep = ds.episode(i)
+        seg = ep.read()
+        want_obs = flat(ref.observations)
+        got_obs = role_dict(seg.all_obs)
+        assert got_obs.keys() == want_obs.keys()
+        for k in want_obs:
+            assert_same(got_obs[k], want_obs[k])
+        assert_same(seg.action, ref.actions)
+        assert_same(seg.reward, ref.rewards)
+        assert_same(seg.terminated, ref.terminations.astype(bool))
+        assert_same(seg.truncated, ref.truncations.astype(bool) & ~ref.terminations.astype(bool))
+        assert ep.meta["seed"] == seeds[i] and ep.meta["source_episode"] == ref.id
+        for k, v in flat(ref.infos).items():
+            assert_same(seg.extra[k], v[1:])
+    assert ds.info["source"]["dataset_id"] == f"test/{name}-v0"
+    assert ds.info["env_id"] == mds.env_spec.id
+    from episodelake.integrations.gymnasium import space_from_json
+
+    assert space_from_json(ds.info["observation_space"]) == mds.observation_space
+
+
+def test_minari_import_by_id(minari_root):
+    collect_minari(gym.make("CartPole-v1"), "test/byid-v0", episodes=2, seed0=5)
+    ds = import_dataset("minari", "test/byid-v0", None, infos=False)
+    assert len(ds) == 2 and not ds.schema.role_fields("extra")
+
+
+# ---------------------------------------------------------------- memmap-replay-buffer (real ReplayBuffer)
+
+
+@pytest.fixture(scope="module")
+def replay_folders(tmp_path_factory):
+    from memmap_replay_buffer import ReplayBuffer
+
+    rng = np.random.default_rng(7)
+    root = tmp_path_factory.mktemp("mrb")
+    fields = {
+        "state": ("float", (3,)),
+        "image": ("uint8", (3, 24, 24)),
+        "action": ("int", (2,)),
+        "reward": "float",
+        "done": "bool",
+    }
+    plain = ReplayBuffer(
+        root / "plain", max_episodes=4, max_timesteps=20, fields=fields, meta_fields={"task_id": "int"}, circular=True
+    )
+    for e in range(6):  # wraps: slots 2, 3, 0, 1 hold episodes 2..5, oldest first
+        length = int(rng.integers(1, 15))
+        with plain.one_episode(task_id=e):
+            for t in range(length):
+                plain.store(
+                    state=rng.normal(size=3).astype(np.float32),
+                    image=rng.integers(0, 256, (3, 24, 24), dtype=np.uint8),
+                    action=rng.integers(0, 5, 2),
+                    reward=float(rng.normal()),
+                    done=t == length - 1 and e % 2 == 0,
+                )
+    plain.store(state=np.ones(3, np.float32), action=np.ones(2, np.int32))  # an unfinished episode in slot 2
+    plain.flush()
+
+    nxt = ReplayBuffer(
+        root / "next",
+        max_episodes=5,
+        max_timesteps=12,
+        fields={"state": ("float", (2,)), "next_state": ("float", (2,)), "action": "int", "reward": "float"},
+    )
+    for e in range(3):
+        n = int(rng.integers(1, 12))
+        states = rng.normal(size=(n + 1, 2)).astype(np.float32)
+        nxt.store_episode(state=states[:-1], next_state=states[1:], action=rng.integers(0, 3, n), reward=rng.normal(size=n))
+    return root
+
+
+def peer_episodes(folder):
+    """Episodes as memmap-replay-buffer's own trajectory dataset reads them, by slot."""
+    from memmap_replay_buffer import ReplayBuffer
+
+    buf = ReplayBuffer.from_folder(folder, read_only=True)
+    out = {}
+    for item in buf.dataset(return_indices=True):
+        out[int(item["_index"])] = {k: v.numpy() for k, v in item.items() if not k.startswith("_")}
+    return out
+
+
+def test_memmap_replay_import_matches_peer_reader(replay_folders, tmp_path):
+    folder = replay_folders / "plain"
+    ds = import_dataset("memmap-replay", str(folder), str(tmp_path / "ds"))
+    peer = peer_episodes(folder)
+    slots = [int(ep.meta["source_episode"]) for ep in ds.episodes()]
+    # oldest first; slot 2 is being rewritten and 1-row episodes have no transition
+    assert slots == [s for s in (3, 0, 1) if len(peer[s]["reward"]) > 1]
+    assert ds.schema["observation/image"].in_tensor
+    for ep, slot in zip(ds.episodes(), slots, strict=True):
+        ref = peer[slot]
+        seg = ep.read()
+        n = len(ref["reward"])
+        assert len(seg) == n - 1
+        assert_same(seg.all_obs["state"], ref["state"])
+        assert_same(seg.all_obs["image"], ref["image"])
+        assert_same(seg.action, ref["action"][:-1])
+        assert_same(seg.reward, ref["reward"][:-1])
+        assert not ep.terminated and not ep.truncated  # the terminal transition had no next state
+        assert ep.meta["task_id"] == ref["task_id"]
+
+
+def test_memmap_replay_next_state_keeps_every_transition(replay_folders):
+    folder = replay_folders / "next"
+    ds = el.importers.memmap_replay.load(str(folder))
+    peer = peer_episodes(folder)
+    assert len(ds) == len(peer) == 3
+    for ep in ds.episodes():
+        ref = peer[int(ep.meta["source_episode"])]
+        seg = ep.read()
+        assert_same(seg.obs, ref["state"])
+        assert_same(seg.next_obs, ref["next_state"])
+        assert_same(seg.action, ref["action"])
+        assert_same(seg.reward, ref["reward"])
+    assert ds.info["source"]["roles"]["next_observations"] == {"state": "next_state"}
+
+
+def test_memmap_replay_explicit_roles(replay_folders):
+    ds = el.importers.memmap_replay.load(
+        str(replay_folders / "plain"), observations=["state"], extras=["image"], terminated="done"
+    )
+    assert [f.key for f in ds.schema.role_fields("observation")] == ["observation/state"]
+    assert ds.schema["extra/image"].role == "extra"
+    with pytest.raises(el.ValidationError, match="nope"):
+        el.importers.memmap_replay.load(str(replay_folders / "plain"), observations=["nope"])
+
+
+# ---------------------------------------------------------------- episodata (real package)
+
+
+@pytest.fixture(scope="module")
+def episodata_path(tmp_path_factory):
+    import episodata
+
+    rng = np.random.default_rng(11)
+    path = tmp_path_factory.mktemp("episodata") / "ds"
+
+    def episode(n, terminated):
+        return {
+            "initial_observation": {
+                "camera": rng.integers(0, 256, (3, 24, 24), dtype=np.uint8),
+                "state": rng.normal(size=4).astype(np.float32),
+            },
+            "observations": {
+                "camera": rng.integers(0, 256, (n, 3, 24, 24), dtype=np.uint8),
+                "state": rng.normal(size=(n, 4)).astype(np.float32),
+            },
+            "actions": {"move": rng.normal(size=(n, 2)).astype(np.float32), "grip": rng.integers(0, 2, n)},
+            "rewards": rng.normal(size=n).astype(np.float32),
+            "initial_info": {"success": np.array(False)},
+            "infos": {"success": rng.integers(0, 2, n).astype(bool)},
+            "terminated": terminated,
+            "truncated": not terminated,
+        }
+
+    ds = episodata.Dataset.from_episodes([episode(int(rng.integers(1, 20)), k % 2 == 0) for k in range(5)], path=path)
+    ds.new_episode({"camera": np.zeros((3, 24, 24), np.uint8), "state": np.zeros(4, np.float32)})  # ongoing: skipped
+    ds.flush()
+    return path
+
+
+def test_episodata_import_matches_episodata_reader(episodata_path, tmp_path):
+    import episodata
+
+    assert cli.main(["import", "episodata", str(episodata_path), str(tmp_path / "ds")]) == 0
+    ds = el.Dataset.open(str(tmp_path / "ds"))
+    src = episodata.Dataset.open(str(episodata_path))
+    finished = [ep for ep in src.episodes() if not ep.ongoing]
+    assert len(ds) == len(finished) == 5 < src.num_episodes
+    for ep, ref_ep in zip(ds.episodes(), finished, strict=True):
+        ref = ref_ep.read()
+        seg = ep.read()
+        for k in ("camera", "state"):
+            assert_same(seg.all_obs[k], ref.all_observations[k])
+        for k in ("move", "grip"):
+            assert_same(seg.action[k], ref.action[k])
+        assert_same(seg.reward, ref.reward)
+        assert_same(seg.extra["success"], ref.next_info["success"])
+        assert_same(seg.terminated, ref.terminated)
+        assert_same(seg.truncated, ref.truncated)
+        assert ep.meta["source_episode"] == ref_ep.id
+    assert ds.schema["observation/camera"].layout == "CHW"
+
+
+def test_unknown_format():
+    with pytest.raises(ValueError, match="known"):
+        import_dataset("rlds", "x", None)
+
+
+def test_import_quiet_off_terminal(capfd):
+    import_dataset("d4rl", make_d4rl(np.random.default_rng(4)), None)
+    assert capfd.readouterr().err == ""
+    import_dataset("d4rl", make_d4rl(np.random.default_rng(4)), None, progress=True)
+    assert "import d4rl" in capfd.readouterr().err
+
+
+def test_environment_untouched():
+    assert "MINARI_DATASETS_PATH" not in os.environ or os.environ["MINARI_DATASETS_PATH"]
