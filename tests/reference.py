@@ -85,3 +85,70 @@ def expected_segment(ep: RawEpisode, start: int, length: int, pad: str | None = 
     out["truncated"] = place(trunc[start:stop])
     out["mask"] = place(np.ones(real, bool))
     return out
+
+
+def segment_starts(lengths, length: int, pad: str | None = "suffix", stride: int = 1) -> list[tuple[int, int]]:
+    """Every valid segment as (episode number, first transition), episode after episode.
+
+    A short episode (fewer than ``length`` transitions) has one segment, starting
+    at 0 for suffix padding and at ``T - length`` (negative) for prefix padding.
+    """
+    out = []
+    for e, T in enumerate(lengths):
+        if T >= length:
+            s = 0
+            while s + length <= T:
+                out.append((e, s))
+                s += stride
+        elif pad is not None and T > 0:
+            out.append((e, 0 if pad == "suffix" else T - length))
+    return out
+
+
+def expected_all_obs(ep: RawEpisode, first: int, length: int) -> dict[str, np.ndarray]:
+    """The ``length + 1`` observation rows from row ``first`` (may be negative); zeros outside the episode."""
+    out = {}
+    for k, v in ep.obs.items():
+        buf = np.zeros((length + 1, *v.shape[1:]), v.dtype)
+        for i in range(length + 1):
+            if 0 <= first + i <= ep.length:
+                buf[i] = v[first + i]
+        out[k] = buf
+    return out
+
+
+def expected_transition(
+    ep: RawEpisode, t: int, n_step: int, gamma: float, history: int = 1, horizon: int = 1
+) -> dict[str, np.ndarray]:
+    """Naive n-step transition ``t``: frame stacks (zeros before the start), action chunk, return, discount."""
+    m = 0
+    ret = 0.0
+    while m < n_step and t + m < ep.length:
+        ret += gamma**m * float(ep.reward[t + m])
+        m += 1
+    at_end = t + m == ep.length
+    terminated = at_end and ep.terminated
+    out: dict[str, np.ndarray] = {
+        "reward": np.float32(ret),
+        "n_steps": np.int64(m),
+        "terminated": np.bool_(terminated),
+        "truncated": np.bool_(at_end and ep.truncated),
+        "discount": np.float32(0.0 if terminated else gamma**m),
+        "obs_mask": np.array([t - history + 1 + i >= 0 for i in range(history)]),
+        "next_obs_mask": np.array([t + m - history + 1 + i >= 0 for i in range(history)]),
+        "action_mask": np.array([t + i < ep.length for i in range(horizon)]),
+    }
+    for k, v in ep.obs.items():
+        for name, end in (("obs", t), ("next_obs", t + m)):
+            stack = np.zeros((history, *v.shape[1:]), v.dtype)
+            for i in range(history):
+                if end - history + 1 + i >= 0:
+                    stack[i] = v[end - history + 1 + i]
+            out[f"{name}/{k}"] = stack
+    for k, v in ep.action.items():
+        chunk = np.zeros((horizon, *v.shape[1:]), v.dtype)
+        for i in range(horizon):
+            if t + i < ep.length:
+                chunk[i] = v[t + i]
+        out[f"action/{k}"] = chunk
+    return out

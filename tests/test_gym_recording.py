@@ -53,7 +53,7 @@ class DictMultiDiscreteEnv(gym.Env):
         return self._obs(), reward, bool(terminated), bool(truncated), {"t": self.t}
 
 
-gym.register("DictMultiDiscrete-v0", entry_point=DictMultiDiscreteEnv)
+gym.register("DictMultiDiscrete-v0", entry_point=f"{__name__}:DictMultiDiscreteEnv")
 
 ENVS = ["CartPole-v1", "Pendulum-v1", "FrozenLake-v1", "DictMultiDiscrete-v0"]
 MAX_STEPS = {"CartPole-v1": None, "Pendulum-v1": 30, "FrozenLake-v1": None, "DictMultiDiscrete-v0": None}

@@ -30,10 +30,95 @@ def cmd_copy(args: argparse.Namespace) -> int:
         options["chunk_rows"] = args.chunk_rows
     if args.compression is not None:
         options["compression"] = None if args.compression == "none" else args.compression
-    copy = collection.copy_to(
-        args.dst, json.loads(args.dst_options), overwrite=args.overwrite, progress=False if args.quiet else None, **options
-    )
+    progress = False if args.quiet else None
+    opts = json.loads(args.dst_options)
+    copy = collection.copy_to(args.dst, opts, overwrite=args.overwrite, progress=progress, **options)
     print(f"copied {len(copy)} episodes ({copy.num_steps} steps) to {copy.location.url}, verified")
+    return 0
+
+
+def _csv(value: str | None) -> list[str] | None:
+    return None if value is None else [v for v in value.split(",") if v]
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from .importers import import_dataset
+
+    options: dict = {"progress": False if args.quiet else None, "overwrite": args.overwrite}
+    if args.lenient:
+        options["strict"] = False
+    if args.no_infos:
+        options["infos"] = False
+    for name in ("observations", "actions", "extras"):
+        if getattr(args, name) is not None:
+            options[name] = _csv(getattr(args, name))
+    for name in ("rewards", "terminated", "truncated"):
+        if getattr(args, name) is not None:
+            options[name] = getattr(args, name)
+    if args.next_observations is not None:
+        options["next_observations"] = dict(pair.split("=", 1) for pair in _csv(args.next_observations) or [])
+    ds = import_dataset(args.format, args.src, args.dst, **options)
+    print(f"imported {len(ds)} episodes ({ds.num_steps} steps) from {args.format} {args.src} to {ds.location.url}")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from . import exporters
+    from .dataset import Dataset
+
+    src = Dataset.open(args.src, args.version, read_only=True)
+    collection = src.where(args.where) if args.where else src
+    if args.format == "minari":
+        exporters.to_minari(collection, args.dst, args.dataset_id, progress=False if args.quiet else None)
+    elif args.format == "parquet":
+        exporters.to_parquet(collection, args.dst)
+    else:
+        exporters.to_arrow_file(collection, args.dst)
+    print(f"exported {len(collection)} episodes to {args.format} {args.dst}")
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    """Audit a dataset; exit status 1 when a problem was found."""
+    import json
+
+    from .dataset import Dataset
+
+    ds = Dataset.open(args.path, args.version, storage_options=json.loads(args.options), read_only=True)
+    report = ds.validate(tensors=not args.no_tensors)
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2))
+    else:
+        print(
+            f"{report.url} version {report.version}: {report.episodes} episodes, {report.steps} steps, "
+            f"{report.table_files} table files, {report.log_entries} log entries, {report.tensor_rows} tensor rows"
+        )
+        for problem in report.problems:
+            print(f"  {problem}")
+        print("OK" if report.ok else f"{len(report.problems)} problem(s)")
+    return 0 if report.ok else 1
+
+
+def cmd_vacuum(args: argparse.Namespace) -> int:
+    """Remove unreferenced table files and crash leftovers (``--dry-run`` lists them)."""
+    import json
+
+    from .dataset import Dataset
+
+    ds = Dataset.open(args.path, storage_options=json.loads(args.options), read_only=args.dry_run)
+    report = ds.vacuum(dry_run=args.dry_run, retention_hours=args.retention_hours)
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2))
+        return 0
+    verb = "would remove" if report.dry_run else "removed"
+    for path in report.table_files + report.tensor_arrays + report.temp_files:
+        print(f"{verb} {path}")
+    for t in report.truncated:
+        print(f"{verb} rows [{t['kept']}, {t['rows']}) of {t['array']}")
+    print(
+        f"{verb} {len(report.table_files)} table files, {len(report.tensor_arrays)} tensor arrays, "
+        f"{len(report.truncated)} array tails; {report.unreclaimed_rows} unreferenced rows left inside arrays"
+    )
     return 0
 
 
@@ -59,6 +144,49 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="replace a dataset that exists at DST")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_copy)
+
+    p = sub.add_parser("import", help="import a Minari, D4RL, memmap-replay-buffer or episodata dataset")
+    p.add_argument("format", choices=["minari", "d4rl", "memmap-replay", "episodata"])
+    p.add_argument("src", help="source: Minari folder or id, D4RL .hdf5/.npz, replay-buffer folder, episodata path")
+    p.add_argument("dst", help="new episodelake dataset path or URL")
+    p.add_argument("--overwrite", action="store_true", help="replace a dataset that exists at DST")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--lenient", action="store_true", help="d4rl/memmap: accept next observations that differ")
+    p.add_argument("--no-infos", action="store_true", help="minari: skip per-step infos")
+    p.add_argument("--observations", help="memmap-replay: observation fields, comma-separated")
+    p.add_argument("--actions", help="memmap-replay: action fields, comma-separated")
+    p.add_argument("--rewards", help="memmap-replay: the reward field")
+    p.add_argument("--terminated", help="memmap-replay: the terminal-flag field")
+    p.add_argument("--truncated", help="memmap-replay: the truncation-flag field")
+    p.add_argument("--next-observations", help="memmap-replay: obs=next_obs pairs, comma-separated")
+    p.add_argument("--extras", help="memmap-replay: extra per-step fields, comma-separated")
+    p.set_defaults(func=cmd_import)
+
+    p = sub.add_parser("export", help="export the episode table (parquet, arrow) or the dataset (minari)")
+    p.add_argument("format", choices=["parquet", "arrow", "minari"])
+    p.add_argument("src", help="episodelake dataset path or URL")
+    p.add_argument("dst", help="output file (parquet, arrow) or new Minari dataset folder")
+    p.add_argument("--version", type=int, default=None, help="export this table version (default: latest)")
+    p.add_argument("--where", default=None, help="export only episodes matching this SQL predicate")
+    p.add_argument("--dataset-id", default=None, help="minari: dataset id (default: <folder name>-v0)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("validate", help="audit a dataset: table files, log, lengths, flags, stats, tensor checksums")
+    p.add_argument("path", help="dataset path or URL")
+    p.add_argument("--version", type=int, default=None, help="audit this table version (default: latest)")
+    p.add_argument("--options", default="{}", help="fsspec-style storage options, as JSON")
+    p.add_argument("--no-tensors", action="store_true", help="check tensor references only, do not read rows")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("vacuum", help="delete unreferenced table files and tensor data left by crashes")
+    p.add_argument("path", help="dataset path or URL")
+    p.add_argument("--dry-run", action="store_true", help="list what would be deleted, delete nothing")
+    p.add_argument("--retention-hours", type=float, default=168.0, help="keep anything newer (default 168)")
+    p.add_argument("--options", default="{}", help="fsspec-style storage options, as JSON")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=cmd_vacuum)
 
     return parser
 

@@ -159,8 +159,9 @@ def _copy_tensor_rows(
         key = (writer, f.key)
         if key not in arrays:
             arrays[key] = TensorArray.create(out.location, writer, f, out._ts_context)
-        starts, future = arrays[key].append_many([values[i] for i in mine])
-        refs[mine] = starts
+        lengths = np.array([len(values[i]) for i in mine], np.int64)
+        start, future = arrays[key].append_block(np.concatenate([values[i] for i in mine]))
+        refs[mine] = start + np.cumsum(lengths) - lengths
         futures.append(future)
     for future in futures:
         future.result()  # data before the commit that references it

@@ -41,10 +41,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .errors import CorruptionError, ReadOnlyError
-from .schema import FieldSpec, from_storage
+from .errors import CorruptionError, ReadOnlyError, ValidationError
+from .schema import DatasetSchema, FieldSpec, from_storage
 from .snapshot import flatten_lists
-from .table import STAT_PARTS, has_stats, stat_column
+from .table import STAT_PARTS, arrow_schema, has_stats, stat_column
 from .tensors import TensorArray, array_parts, read_many
 from .writer import episode_stats
 
@@ -135,7 +135,7 @@ def validate(ds: Dataset, tensors: bool = True) -> ValidationReport:
     for add in adds:
         report.table_files += 1
         rel = add["path"]
-        tbl = _read_table_file(loc, rel, add, report)
+        tbl = _read_table_file(loc, ds.schema, rel, add, report)
         if tbl is None:
             continue
         for row in range(tbl.num_rows):
@@ -164,7 +164,9 @@ def log_problems(loc: Location) -> list[Problem]:
     return out
 
 
-def _read_table_file(loc: Location, rel: str, add: dict[str, Any], report: ValidationReport) -> pa.Table | None:
+def _read_table_file(
+    loc: Location, schema: DatasetSchema, rel: str, add: dict[str, Any], report: ValidationReport
+) -> pa.Table | None:
     """Read one data file of the version and check it against its log entry."""
     path = loc.child("episodes", rel)
     if not loc.fs.exists(path):
@@ -178,6 +180,12 @@ def _read_table_file(loc: Location, rel: str, add: dict[str, Any], report: Valid
             tbl = pq.read_table(fh)
     except (OSError, pa.ArrowException) as exc:
         report.problems.append(Problem("table-file", f"unreadable Parquet: {exc}", file=path))
+        return None
+    partitions = {k[10:] for k in add if k.startswith("partition.")}
+    wanted = [f for f in arrow_schema(schema) if f.name not in partitions]
+    off = [f.name for f in wanted if f.name not in tbl.column_names or tbl.schema.field(f.name).type != f.type]
+    if off:
+        report.problems.append(Problem("table-file", f"columns missing or of the wrong type: {off}", file=path))
         return None
     if tbl.num_rows != add["num_records"]:
         report.problems.append(
@@ -320,7 +328,7 @@ def vacuum(ds: Dataset, dry_run: bool = False, retention_hours: float = DEFAULT_
     if ds.read_only and not dry_run:
         raise ReadOnlyError(f"dataset {ds.location.url} is open read-only; vacuum needs a writable dataset")
     if retention_hours < 0:
-        raise ValueError(f"retention_hours must be >= 0, got {retention_hours}")
+        raise ValidationError(f"retention_hours must be >= 0, got {retention_hours}")
     loc = ds.location
     report = VacuumReport(loc.url, dry_run, float(retention_hours))
     cutoff = time.time() - retention_hours * 3600.0

@@ -61,7 +61,7 @@ def bar(
         return _NullBar()
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, desc=desc, unit=unit, file=file if file is not None else sys.stderr, dynamic_ncols=True)
+    return tqdm(total=total, desc=desc, unit=unit, file=file if file is not None else sys.stderr)
 
 
 def track(

@@ -81,8 +81,15 @@ class Snapshot:
     def _read_table(self, columns: list[str]) -> pa.Table:
         try:
             return self.arrow_dataset().to_table(columns=columns)
-        except (OSError, pa.ArrowException) as exc:  # a truncated/damaged Parquet file names itself
-            raise CorruptionError(f"{self.loc.url} version {self.version}: episode table unreadable: {exc}") from exc
+        except (OSError, pa.ArrowException) as exc:
+            where = f"{self.loc.url} version {self.version}: episode table unreadable"
+            for fragment in self.arrow_dataset().get_fragments():  # Arrow does not always name the damaged file
+                try:
+                    fragment.to_table(columns=[c for c in columns if c in fragment.physical_schema.names])
+                except (OSError, pa.ArrowException):
+                    where += f" at {fragment.path}"
+                    break
+            raise CorruptionError(f"{where}: {exc}") from exc
 
     def arrow_dataset(self):
         if self._dataset is None:  # unpickled in another process: reopen the pinned version

@@ -133,25 +133,22 @@ class TensorArray:
             )
         return cls(store, field, loc.child_url(*parts))
 
-    def append_many(self, episodes: Sequence[np.ndarray]) -> tuple[list[int], ts.Future]:
-        """Grow the array once for all ``episodes`` and write them as one contiguous block.
+    def append_block(self, block: np.ndarray) -> tuple[int, ts.Future]:
+        """Grow the array by ``len(block)`` rows and write ``block`` there in one write.
 
-        One write (rather than one per episode) lets TensorStore fill each chunk
-        once instead of read-modify-writing chunks that episodes share. Returns
-        each episode's first row and the write future; the caller must await it
-        before committing rows that reference the data.
+        One contiguous write per commit lets TensorStore fill each chunk once
+        instead of read-modify-writing chunks that episodes share. Returns the
+        first row and the write future; the caller must await it before
+        committing rows that reference the data.
         """
         start = -(-self.rows // self.align) * self.align
-        lengths = [len(e) for e in episodes]
-        end = start + sum(lengths)
+        end = start + len(block)
         self.store = self.store.resize(
             exclusive_max=[end, *self.field.shape], resize_metadata_only=True, expand_only=True
         ).result()
-        block = episodes[0] if len(episodes) == 1 else np.concatenate(episodes)
         future = self.store[start:end].write(block)
         self.rows = end
-        starts = (start + np.concatenate([[0], np.cumsum(lengths)[:-1]])).tolist()
-        return starts, future
+        return start, future
 
     def read_rows(self, start: int, stop: int) -> np.ndarray:
         return read_many([(self, start, stop)])[0]

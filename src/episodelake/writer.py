@@ -24,7 +24,7 @@ import time
 import weakref
 import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -164,17 +164,18 @@ class FinishedEpisode:
 
 
 _BLOCK = 256  # 8-bit values: float32 sums of <= 256 squares (<= 255**2 each) are exact
+_PIECE_BYTES = 1 << 18  # rows summarized per step: stays in the CPU cache
 
 
 def episode_stats(f: FieldSpec, values: np.ndarray) -> dict[str, Any]:
-    """Mergeable statistics (exact) of one episode's values, per channel when the field has one."""
+    """Mergeable statistics (exact) of ``values`` (rows of ``f``), per channel when the field has one."""
     axis = f.channel_axis
     channels = 1 if axis is None else f.shape[axis]
     if values.size == 0:
         return {"count": 0, "sum": None, "sumsq": None, "min": None, "max": None}
     moved = values if axis is None else np.moveaxis(values, axis + 1, 0)
     if values.dtype.itemsize == 1:
-        # Images: float32 dot products over blocks of 256 values are exact and fast (BLAS).
+        # Images: float32 sums over blocks of 256 values are exact (every partial sum < 2**24).
         work = np.ascontiguousarray(moved, dtype=np.float32).reshape(channels, -1)
         full = work.shape[1] - work.shape[1] % _BLOCK
         blocks = work[:, :full].reshape(channels, -1, _BLOCK)
@@ -188,23 +189,57 @@ def episode_stats(f: FieldSpec, values: np.ndarray) -> dict[str, Any]:
         squares = np.einsum("ck,ck->c", work, work)
     return {
         "count": int(work.shape[1]),
-        "sum": total.tolist(),
-        "sumsq": squares.tolist(),
-        "min": work.min(axis=1).astype(np.float64).tolist(),
-        "max": work.max(axis=1).astype(np.float64).tolist(),
+        "sum": total,
+        "sumsq": squares,
+        "min": work.min(axis=1).astype(np.float64),
+        "max": work.max(axis=1).astype(np.float64),
+    }
+
+
+def merge_stats(a: dict[str, Any] | None, b: dict[str, Any]) -> dict[str, Any]:
+    """Combine the statistics of two disjoint row sets."""
+    if a is None or not a["count"]:
+        return b
+    if not b["count"]:
+        return a
+    return {
+        "count": a["count"] + b["count"],
+        "sum": a["sum"] + b["sum"],
+        "sumsq": a["sumsq"] + b["sumsq"],
+        "min": np.minimum(a["min"], b["min"]),
+        "max": np.maximum(a["max"], b["max"]),
     }
 
 
 @np.errstate(invalid="ignore", over="ignore")  # inf/NaN data give inf/NaN stats, not warnings
-def episode_summary(schema: DatasetSchema, e: FinishedEpisode) -> dict[str, Any]:
-    """Per-field statistics and tensor checksums of one episode (run in a thread pool)."""
+def episode_summary(
+    schema: DatasetSchema, e: FinishedEpisode, blocks: Mapping[str, np.ndarray], rows: Mapping[str, int]
+) -> dict[str, Any]:
+    """Copy ``e``'s tensor rows into the commit ``blocks`` at ``rows`` and summarize the episode.
+
+    One cache-sized piece at a time is copied, checksummed and added to the
+    statistics, so each byte is read from memory once. Runs in a thread pool
+    (NumPy and zlib release the GIL).
+    """
     out: dict[str, Any] = {"return": _episode_return(schema, e)}
     for f in schema.step_fields:
         values = e.data[f.key]
+        stats = None
         if f.in_tensor:
-            out[f"crc/{f.key}"] = zlib.crc32(np.ascontiguousarray(values).data)
-        if has_stats(f):
-            out[f"stats/{f.key}"] = episode_stats(f, values)
+            dest = blocks[f.key][rows[f.key] : rows[f.key] + len(values)]
+            step = max(1, _PIECE_BYTES // max(1, values[:1].nbytes))
+            crc = 0
+            for i in range(0, len(values), step):
+                piece = dest[i : i + step]
+                piece[...] = values[i : i + step]
+                crc = zlib.crc32(piece.data, crc)
+                if has_stats(f):
+                    stats = merge_stats(stats, episode_stats(f, piece))
+            out[f"crc/{f.key}"] = crc
+        elif has_stats(f):
+            stats = episode_stats(f, values)
+        if stats is not None:
+            out[f"stats/{f.key}"] = stats
     return out
 
 
@@ -261,8 +296,13 @@ def build_rows(
         if has_stats(f):
             for part in STAT_PARTS:
                 column = stat_column(f, part)
-                cols[column] = pa.array([s[f"stats/{f.key}"][part] for s in summaries], target.field(column).type)
+                values = [_plain(s[f"stats/{f.key}"][part]) for s in summaries]
+                cols[column] = pa.array(values, target.field(column).type)
     return pa.table(cols, schema=target)
+
+
+def _plain(value: Any) -> Any:
+    return value.tolist() if isinstance(value, np.ndarray) else value
 
 
 def _episode_return(schema: DatasetSchema, e: FinishedEpisode) -> float | None:
@@ -315,7 +355,6 @@ class CommitSink:
         self.name = f"{number:08x}"
         self.seq = 0
         self.pending: list[FinishedEpisode] = []
-        self.summaries: list[Future[dict[str, Any]]] = []
         self.pending_bytes = 0
         self.first_pending_at: float | None = None
         self.arrays: dict[str, TensorArray] = {}
@@ -325,8 +364,6 @@ class CommitSink:
         if not self.pending:
             self.first_pending_at = time.monotonic()
         self.pending.append(episode)
-        # statistics and checksums are computed in the background while collection goes on
-        self.summaries.append(_POOL.submit(episode_summary, self.schema, episode))
         self.pending_bytes += episode.nbytes
         if (
             len(self.pending) >= self.commit_episodes
@@ -343,19 +380,30 @@ class CommitSink:
     def flush(self) -> int | None:
         """Commit all pending episodes in one table commit; return the new version.
 
-        Tensor writes are issued first and run in TensorStore's threads while
-        statistics and checksums are computed in a thread pool; the table
-        commit happens only after every tensor write has completed.
+        Each tensor field's rows of the whole commit are gathered into one
+        contiguous block (checksums and statistics computed on the way, in a
+        thread pool) and written as one TensorStore write; the table commit
+        happens only after every tensor write has completed.
         """
         if not self.pending:
             return None
         episodes = self.pending
         refs: dict[str, list[int]] = {}
+        blocks: dict[str, np.ndarray] = {}
+        for f in self.schema.tensor_fields:
+            lengths = np.array([len(e.data[f.key]) for e in episodes], dtype=np.int64)
+            refs[f.key] = (np.cumsum(lengths) - lengths).tolist()
+            blocks[f.key] = np.empty((int(lengths.sum()), *f.shape), f.np_dtype)
+        tasks = [
+            _POOL.submit(episode_summary, self.schema, e, blocks, {k: r[i] for k, r in refs.items()})
+            for i, e in enumerate(episodes)
+        ]
+        summaries = [t.result() for t in tasks]
         writes = []
         for f in self.schema.tensor_fields:
-            refs[f.key], future = self._array(f).append_many([e.data[f.key] for e in episodes])
+            start, future = self._array(f).append_block(blocks[f.key])
+            refs[f.key] = [start + r for r in refs[f.key]]
             writes.append(future)
-        summaries = [s.result() for s in self.summaries]
         for w in writes:
             w.result()
         ids = [(self.number << 32) | (self.seq + i) for i in range(len(episodes))]
@@ -363,7 +411,6 @@ class CommitSink:
         version = self.ds._table.append(rows)
         self.seq += len(episodes)
         self.pending = []
-        self.summaries = []
         self.pending_bytes = 0
         self.first_pending_at = None
         self.ds._on_commit()

@@ -137,7 +137,7 @@ def action_out_episode(
 
 def _rows_equal(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Per-row equality (NaN equals NaN) of two arrays with a leading row axis."""
-    a2, b2 = a.reshape(len(a), -1), b.reshape(len(b), -1)
+    a2, b2 = a.reshape(len(a), int(np.prod(a.shape[1:]))), b.reshape(len(b), int(np.prod(b.shape[1:])))
     eq = a2 == b2
     if a.dtype.kind in "fc":
         eq |= np.isnan(a2) & np.isnan(b2)

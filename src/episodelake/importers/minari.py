@@ -25,7 +25,7 @@ from ..dataset import Dataset
 from ..schema import DatasetSchema, FieldSpec, flatten_role, schema_from_gym_spaces
 from . import SOURCE_EPISODE, fields_from_arrays, write_import
 
-SEED = FieldSpec("seed", (), "int64", role="meta", description="seed passed to env.reset")
+SEED = FieldSpec("seed", (), "uint64", role="meta", description="seed of env.reset, as Minari recorded it")
 
 
 def open_minari(src: Any) -> Any:

@@ -170,7 +170,7 @@ def dataset_for_env(
     float64 (Gymnasium returns Python floats; nothing is rounded).
     """
     vector = isinstance(env, VectorEnv)
-    auto = [FieldSpec("seed", (), "int64", role="meta"), FieldSpec("env_id", (), "str", role="meta")]
+    auto = [FieldSpec("seed", (), "uint64", role="meta"), FieldSpec("env_id", (), "str", role="meta")]
     if vector:
         auto.append(FieldSpec("env_index", (), "int64", role="meta"))
     names = {f.name for f in meta_fields}

@@ -1,0 +1,107 @@
+"""vacuum() removes crash leftovers and unreferenced table files, never anything a version references.
+
+Leftovers come from real crashes: the fork-server writer of test_crash is
+SIGKILLed before its first commit (a writer array nothing references),
+before a later commit (rows past the last referenced row) and as its Parquet
+file appears (an uncommitted table file). Every check compares the episodes
+against the ones recomputed from (seed, index).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+import episodelake as el
+from episodelake.cli import main
+
+from .test_bad_input import tree_digest
+from .test_crash import ForkServer
+from .workers.common import assert_all_match, crash_schema, episode, origins
+
+
+def crash(server: ForkServer, path: str, seed: int, kind: str, at: int, episodes: int = 4) -> None:
+    cmd = {
+        "path": path,
+        "seed": seed,
+        "episodes": episodes,
+        "per_commit": 1,
+        "stepwise": False,
+        "crash": kind,
+        "at": at,
+    }
+    _, lines = server.run(cmd, None)
+    assert "done" not in lines
+
+
+def check(path: str) -> el.Dataset:
+    ds = el.Dataset.open(path)
+    assert_all_match(ds, [episode(*o) for o in origins(ds)])
+    assert ds.validate().ok
+    return ds
+
+
+def test_vacuum_removes_crash_leftovers_only(tmp_path, capsys):
+    path = str(tmp_path / "ds")
+    el.Dataset.create(crash_schema(), path, partition_by=["task"])
+    server = ForkServer()
+    try:
+        server.run({"path": path, "seed": 0, "episodes": 2, "per_commit": 1, "stepwise": True, "crash": "none"}, None)
+        crash(server, path, 1, "before-commit", at=0)  # an array no table row references
+        crash(server, path, 2, "before-commit", at=2)  # two commits, then rows past the last reference
+        crash(server, path, 3, "parquet", at=0)  # maybe an uncommitted Parquet file
+    finally:
+        server.close()
+    with open(os.path.join(path, "episodelake.json.0f0f.tmp"), "w") as fh:
+        fh.write("{")  # a descriptor write interrupted before its rename
+    ds = check(path)
+    visible = origins(ds)
+    assert {(0, 0), (0, 1), (2, 0), (2, 1)} <= set(visible)
+    version = ds.version
+
+    before = tree_digest(path)
+    dry = ds.vacuum(dry_run=True, retention_hours=0)
+    assert tree_digest(path) == before  # a dry run deletes nothing
+    assert len(dry.tensor_arrays) >= 1 and dry.temp_files
+    assert [t["kept"] < t["rows"] for t in dry.truncated] == [True] * len(dry.truncated) and dry.truncated
+    assert ds.vacuum().to_json() == {**ds.vacuum(dry_run=True).to_json(), "dry_run": False}  # nothing is 7 days old
+    assert tree_digest(path) == before
+
+    assert main(["vacuum", path, "--dry-run", "--retention-hours", "0", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["tensor_arrays"] == dry.tensor_arrays
+
+    done = ds.vacuum(retention_hours=0)
+    assert done.tensor_arrays == dry.tensor_arrays and done.truncated == dry.truncated
+    assert done.table_files == dry.table_files and done.temp_files == dry.temp_files
+    for array in done.tensor_arrays:
+        assert not os.path.exists(array)
+    ds = check(path)
+    assert origins(ds) == visible
+    again = ds.vacuum(dry_run=True, retention_hours=0)
+    assert (again.tensor_arrays, again.truncated, again.table_files) == ([], [], [])
+    past = el.Dataset.open(path, version=version)  # versions whose files survive stay readable
+    assert_all_match(past, [episode(*o) for o in origins(past)])
+
+    ds.append_episodes([episode(9, 0).as_dict(unwrap_action=True)])  # a new writer carries on
+    ds.flush()
+    assert origins(check(path)) == [*visible, (9, 0)]
+
+
+def test_vacuum_after_compaction_keeps_the_latest_version(tmp_path):
+    path = str(tmp_path / "ds")
+    ds = el.Dataset.create(crash_schema(), path, partition_by=["task"])
+    for i in range(6):
+        ds.append_episodes([episode(0, i).as_dict(unwrap_action=True)])
+        ds.flush()
+    old = ds.version
+    ds.compact()
+    kept = ds.vacuum()  # default retention: the compacted-away files are fresh, they stay
+    assert kept.table_files == []
+    assert len(el.Dataset.open(path, version=old)) == 6
+    gone = ds.vacuum(retention_hours=0)
+    assert len(gone.table_files) >= 6 and gone.tensor_arrays == [] and gone.truncated == []
+    ds = check(path)
+    assert origins(ds) == [(0, i) for i in range(6)]
+    np.testing.assert_array_equal(ds.episode(5).read().reward, episode(0, 5).reward)
