@@ -67,7 +67,6 @@ def test_read_only_open_and_reads_write_nothing(frozen, capsys):
         with pytest.raises(el.ReadOnlyError):
             write()
     ds.close()
-    del ds, past
     assert tree_digest(path) == before
 
 

@@ -67,7 +67,8 @@ def install_crash(path: str, crash: str, at: int) -> None:
 
         el.EpisodeWriter.add_step = add_step
     elif crash == "tensor":
-        name = "append_many" if hasattr(tensors.TensorArray, "append_many") else "append"
+        # the write entry point of TensorArray (its name has changed as the writer evolved)
+        name = next(n for n in ("append_block", "append_many", "append") if hasattr(tensors.TensorArray, n))
         original_append = getattr(tensors.TensorArray, name)
 
         def append(self, *args, **kwargs):
