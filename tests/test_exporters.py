@@ -199,6 +199,16 @@ def test_histograms_match_numpy(robot_dataset, raw_episodes, tmp_path):
     assert drawn["length"][0].sum() == sum(raw.meta["task"] == "place" for raw in raw_episodes)
 
 
+def test_cli_plot(robot_dataset, raw_episodes, backend_path, tmp_path):
+    import matplotlib.image
+
+    if backend_path is None:
+        pytest.skip("the CLI opens datasets by path")
+    out = tmp_path / "p.png"
+    assert cli.main(["plot", backend_path, str(out), "--where", "task = 'pick'", "--bins", "4"]) == 0
+    assert matplotlib.image.imread(out).shape[:2] == (400, 1000)
+
+
 # ---------------------------------------------------------------- progress
 
 

@@ -342,12 +342,15 @@ def test_memmap_replay_next_state_keeps_every_transition(replay_folders):
     assert ds.info["source"]["roles"]["next_observations"] == {"state": "next_state"}
 
 
-def test_memmap_replay_explicit_roles(replay_folders):
-    ds = el.importers.memmap_replay.load(
-        str(replay_folders / "plain"), observations=["state"], extras=["image"], terminated="done"
-    )
+def test_memmap_replay_explicit_roles(replay_folders, tmp_path, capsys):
+    args = ["--observations", "state", "--extras", "image", "--terminated", "done", "--quiet"]
+    assert cli.main(["import", "memmap-replay", str(replay_folders / "plain"), str(tmp_path / "ds"), *args]) == 0
+    ds = el.Dataset.open(str(tmp_path / "ds"))
     assert [f.key for f in ds.schema.role_fields("observation")] == ["observation/state"]
     assert ds.schema["extra/image"].role == "extra"
+    assert ds.info["source"]["roles"]["terminated"] == "done"
+    assert cli.main(["import", "minari", "any", str(tmp_path / "x"), "--lenient"]) == 2
+    assert "do not apply to minari" in capsys.readouterr().err
     with pytest.raises(el.ValidationError, match="nope"):
         el.importers.memmap_replay.load(str(replay_folders / "plain"), observations=["nope"])
 
@@ -419,4 +422,3 @@ def test_import_quiet_off_terminal(capfd):
     assert capfd.readouterr().err == ""
     import_dataset("d4rl", make_d4rl(np.random.default_rng(4)), None, progress=True)
     assert "import d4rl" in capfd.readouterr().err
-

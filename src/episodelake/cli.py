@@ -41,6 +41,15 @@ def _csv(value: str | None) -> list[str] | None:
     return None if value is None else [v for v in value.split(",") if v]
 
 
+_MEMMAP_ROLES = {"observations", "actions", "rewards", "terminated", "truncated", "next_observations", "extras"}
+_IMPORT_OPTIONS = {
+    "minari": {"infos"},
+    "d4rl": {"strict"},
+    "memmap-replay": {"strict", *_MEMMAP_ROLES},
+    "episodata": set(),
+}
+
+
 def cmd_import(args: argparse.Namespace) -> int:
     from .importers import import_dataset
 
@@ -57,6 +66,10 @@ def cmd_import(args: argparse.Namespace) -> int:
             options[name] = getattr(args, name)
     if args.next_observations is not None:
         options["next_observations"] = dict(pair.split("=", 1) for pair in _csv(args.next_observations) or [])
+    allowed = _IMPORT_OPTIONS[args.format] | {"progress", "overwrite"}
+    if set(options) - allowed:
+        print(f"error: option(s) {sorted(set(options) - allowed)} do not apply to {args.format}", file=sys.stderr)
+        return 2
     ds = import_dataset(args.format, args.src, args.dst, **options)
     print(f"imported {len(ds)} episodes ({ds.num_steps} steps) from {args.format} {args.src} to {ds.location.url}")
     return 0
@@ -119,6 +132,17 @@ def cmd_vacuum(args: argparse.Namespace) -> int:
         f"{verb} {len(report.table_files)} table files, {len(report.tensor_arrays)} tensor arrays, "
         f"{len(report.truncated)} array tails; {report.unreclaimed_rows} unreferenced rows left inside arrays"
     )
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from .dataset import Dataset
+    from .plots import episode_histograms
+
+    src = Dataset.open(args.path, args.version, read_only=True)
+    collection = src.where(args.where) if args.where else src
+    episode_histograms(collection, args.out, bins=args.bins)
+    print(f"wrote return/length histograms of {len(collection)} episodes to {args.out}")
     return 0
 
 
@@ -187,6 +211,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--options", default="{}", help="fsspec-style storage options, as JSON")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=cmd_vacuum)
+
+    p = sub.add_parser("plot", help="write return and length histograms of a dataset to an image (png, svg, pdf)")
+    p.add_argument("path", help="dataset path or URL")
+    p.add_argument("out", help="image file to write")
+    p.add_argument("--version", type=int, default=None, help="plot this table version (default: latest)")
+    p.add_argument("--where", default=None, help="plot only episodes matching this SQL predicate")
+    p.add_argument("--bins", type=int, default=30)
+    p.set_defaults(func=cmd_plot)
 
     return parser
 

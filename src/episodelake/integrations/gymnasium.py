@@ -151,7 +151,8 @@ def env_info(env: gym.Env | VectorEnv) -> dict[str, Any]:
         out["packages"] = _packages(spec.entry_point)
     if vector:
         out["num_envs"] = env.num_envs
-        out["autoreset_mode"] = str(env.metadata.get("autoreset_mode"))
+        mode = env.metadata.get("autoreset_mode")
+        out["autoreset_mode"] = getattr(mode, "value", mode)
     return out
 
 
@@ -165,9 +166,10 @@ def dataset_for_env(
 ) -> Dataset:
     """Create a dataset whose schema fits ``env``'s spaces (single-env spaces for a vector env).
 
-    Meta fields ``seed`` (int64), ``env_id`` (str) and, for vector envs,
-    ``env_index`` (int64) are added before ``meta_fields``. Rewards default to
-    float64 (Gymnasium returns Python floats; nothing is rounded).
+    Meta fields ``seed`` (uint64: Gymnasium seeds are non-negative), ``env_id``
+    (str) and, for vector envs, ``env_index`` (int64) are added before
+    ``meta_fields``. Rewards default to float64 (Gymnasium returns Python
+    floats; nothing is rounded).
     """
     vector = isinstance(env, VectorEnv)
     auto = [FieldSpec("seed", (), "uint64", role="meta"), FieldSpec("env_id", (), "str", role="meta")]
@@ -175,11 +177,10 @@ def dataset_for_env(
         auto.append(FieldSpec("env_index", (), "int64", role="meta"))
     names = {f.name for f in meta_fields}
     meta = [f for f in auto if f.name not in names] + list(meta_fields)
-    info = env_info(env)
-    schema = schema_from_gym_spaces(
-        space_from_json(info["observation_space"]), space_from_json(info["action_space"]), reward_dtype, meta
-    )
-    info = {**info, **dict(create_options.pop("info", None) or {})}
+    obs_space = env.single_observation_space if vector else env.observation_space
+    act_space = env.single_action_space if vector else env.action_space
+    schema = schema_from_gym_spaces(obs_space, act_space, reward_dtype, meta)
+    info = {**env_info(env), **dict(create_options.pop("info", None) or {})}
     return Dataset.create(schema, path, info=info, **create_options)
 
 

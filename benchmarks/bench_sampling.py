@@ -1,0 +1,457 @@
+"""Random segment sampling throughput: episodelake vs its peers, same data, same run.
+
+Workload: batches of 64 random segments of 32 transitions (33 observation
+rows); observations ``state`` float32[64] + ``camera`` uint8[3, 64, 64],
+``action`` float32[4], ``reward`` float32; 1,000 episodes x 200 steps
+(``--quick``: 100 episodes). Every system stores the same generated episodes
+on the same disk and returns NumPy/torch arrays of the same shapes:
+
+* episodelake: ``segment_stream`` (prefetch off, and the default background
+  prefetch), ``segments()`` batched reads, and the TensorStore read path
+  (the memory-mapped fast path disabled) for reference;
+* memmap-replay-buffer: its ``dataloader`` over ``ReplayDatasetTimeWindow``
+  (33-step windows, default ``num_workers=0``);
+* episodata: ``segment_stream(...).sample()`` (zarr backend);
+* Lance (pylance): one row per observation step (fixed-size list / binary
+  columns), one random ``take`` of the 64 x 33 rows per batch;
+* raw NumPy: one flat ``np.memmap`` per field, fancy-index gather.
+
+Two regimes: data in the page cache (after a warm-up), and cold: before each
+timed pass every file of the system is dropped from the page cache with
+``posix_fadvise(DONTNEED)`` (after unmapping it), and the bytes the process
+actually read from storage (``/proc/self/io``) are reported with the rate.
+
+Run: ``.venv/bin/python benchmarks/bench_sampling.py [--quick] [--dir DIR]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+
+B, L = 64, 32
+CAM = (3, 64, 64)
+STATE = 64
+ACT = 4
+
+
+# ---- data
+
+
+def episode(seed: int, i: int, steps: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng([seed, i])
+    n = steps + 1
+    return {
+        "state": rng.standard_normal((n, STATE), dtype=np.float32),
+        "camera": np.frombuffer(rng.bytes(n * int(np.prod(CAM))), np.uint8).reshape(n, *CAM),
+        "action": rng.standard_normal((steps, ACT), dtype=np.float32),
+        "reward": rng.standard_normal(steps, dtype=np.float32),
+    }
+
+
+def episodes(seed: int, count: int, steps: int) -> Iterator[dict[str, np.ndarray]]:
+    for i in range(count):
+        yield episode(seed, i, steps)
+
+
+def lake_dict(e: dict[str, np.ndarray]) -> dict:
+    return {
+        "initial_observation": {"state": e["state"][0], "camera": e["camera"][0]},
+        "observations": {"state": e["state"][1:], "camera": e["camera"][1:]},
+        "actions": e["action"],
+        "rewards": e["reward"],
+        "terminated": True,
+        "meta": {},
+    }
+
+
+# ---- page cache control
+
+
+def drop_page_cache(root: str) -> None:
+    """Evict every file under ``root`` from the page cache (mapped pages must be unmapped first)."""
+    os.sync()
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def storage_read_bytes() -> int:
+    with open("/proc/self/io") as fh:
+        for line in fh:
+            if line.startswith("read_bytes:"):
+                return int(line.split()[1])
+    return 0
+
+
+# ---- systems: each builds its store once, then opens a fresh sampler on demand
+
+
+class System:
+    name = ""
+    root = ""
+
+    def build(self, seed: int, count: int, steps: int) -> float:
+        raise NotImplementedError
+
+    def open(self) -> Callable[[], object]:
+        """A fresh reader (no mapped or cached data) returning one batch per call."""
+        raise NotImplementedError
+
+
+class EpisodeLake(System):
+    def __init__(self, root: str, mode: str) -> None:
+        self.root, self.mode = root, mode
+        self.name = {
+            "stream": "episodelake stream",
+            "prefetch": "episodelake stream+prefetch",
+            "segments": "episodelake segments()",
+            "tensorstore": "episodelake TensorStore path",
+        }[mode]
+
+    def build(self, seed: int, count: int, steps: int) -> float:
+        import episodelake as el
+
+        if os.path.exists(os.path.join(self.root, "episodelake.json")):
+            return 0.0
+        schema = el.DatasetSchema(
+            [
+                el.FieldSpec("state", (STATE,), "float32"),
+                el.FieldSpec("camera", CAM, "uint8", layout="CHW", storage="tensor"),
+                el.FieldSpec("action", (ACT,), "float32", role="action"),
+                el.FieldSpec("reward", (), "float32", role="reward"),
+            ]
+        )
+        t = time.perf_counter()
+        ds = el.Dataset.create(schema, self.root, overwrite=True)
+        ds.append_episodes(lake_dict(e) for e in episodes(seed, count, steps))
+        ds.flush()
+        return time.perf_counter() - t
+
+    def open(self) -> Callable[[], object]:
+        import episodelake as el
+        from episodelake import batching
+
+        ds = el.Dataset.open(self.root, read_only=True)
+        if self.mode == "tensorstore":
+            # benchmark-only: disable the memory-mapped chunk path to time the TensorStore one
+            probe = batching.ChunkFiles.probe
+            batching.ChunkFiles.probe = classmethod(lambda cls, directory, field: None)
+            try:
+                stream = ds.segment_stream(sequence_length=L, batch_size=B, seed=0, prefetch=0)
+                stream._build.reader._tensor["observation/camera"].sources(stream._build.reader.lengths + 1)
+            finally:
+                batching.ChunkFiles.probe = probe
+            return stream.sample
+        if self.mode == "segments":
+            segs = ds.segments(L)
+            rng = np.random.default_rng(0)
+            return lambda: segs.__getitems__(rng.integers(0, len(segs), B))
+        stream = ds.segment_stream(
+            sequence_length=L, batch_size=B, seed=0, prefetch=2 if self.mode == "prefetch" else 0
+        )
+        return stream.sample
+
+
+class MemmapReplayBuffer(System):
+    name = "memmap-replay-buffer"
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+
+    def build(self, seed: int, count: int, steps: int) -> float:
+        from memmap_replay_buffer import ReplayBuffer
+
+        if os.path.exists(os.path.join(self.root, "metadata.pkl")):
+            return 0.0
+        t = time.perf_counter()
+        buf = ReplayBuffer(
+            self.root,
+            max_episodes=count,
+            max_timesteps=steps + 1,
+            fields={
+                "state": ("float", (STATE,)),
+                "camera": ("uint8", CAM),
+                "action": ("float", (ACT,)),
+                "reward": "float",
+            },
+            overwrite=True,
+            flush_every_store_step=0,
+        )
+        for e in episodes(seed, count, steps):
+            # one time axis for all fields: T + 1 observations, actions/rewards padded by one row
+            buf.store_episode(
+                state=e["state"],
+                camera=e["camera"],
+                action=np.concatenate([e["action"], np.zeros((1, ACT), np.float32)]),
+                reward=np.append(e["reward"], np.float32(0)),
+            )
+        buf.flush()
+        del buf
+        return time.perf_counter() - t
+
+    def open(self) -> Callable[[], object]:
+        from memmap_replay_buffer import ReplayBuffer, ReplayDatasetTimeWindow
+
+        buf = ReplayBuffer.from_folder(self.root, read_only=True)
+        loader = buf.dataloader(B, dataset=ReplayDatasetTimeWindow(buf, window_length=L + 1), shuffle=True)
+        it = iter(loader)
+
+        def sample():
+            nonlocal it
+            try:
+                return next(it)
+            except StopIteration:
+                it = iter(loader)
+                return next(it)
+
+        return sample
+
+
+class Episodata(System):
+    name = "episodata"
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+
+    def build(self, seed: int, count: int, steps: int) -> float:
+        import episodata
+
+        if os.path.exists(os.path.join(self.root, "manifest.json")):
+            return 0.0
+        t = time.perf_counter()
+        eps = ({k: v for k, v in lake_dict(e).items() if k != "meta"} for e in episodes(seed, count, steps))
+        episodata.Dataset.from_episodes(eps, path=self.root)
+        return time.perf_counter() - t
+
+    def open(self) -> Callable[[], object]:
+        import episodata
+
+        return episodata.Dataset.open(self.root).segment_stream(sequence_length=L, batch_size=B, seed=0).sample
+
+
+class Lance(System):
+    name = "lance (take)"
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+
+    def build(self, seed: int, count: int, steps: int) -> float:
+        import lance
+        import pyarrow as pa
+
+        if os.path.exists(self.root):
+            return 0.0
+        cam_bytes = int(np.prod(CAM))
+        schema = pa.schema(
+            [
+                ("state", pa.list_(pa.float32(), STATE)),
+                ("camera", pa.binary(cam_bytes)),
+                ("action", pa.list_(pa.float32(), ACT)),
+                ("reward", pa.float32()),
+            ]
+        )
+
+        def batches():
+            for e in episodes(seed, count, steps):
+                n = steps + 1
+                action = np.concatenate([e["action"], np.zeros((1, ACT), np.float32)])
+                yield pa.record_batch(
+                    [
+                        pa.FixedSizeListArray.from_arrays(e["state"].ravel(), STATE),
+                        pa.FixedSizeBinaryArray.from_buffers(
+                            pa.binary(cam_bytes), n, [None, pa.py_buffer(np.ascontiguousarray(e["camera"]))]
+                        ),
+                        pa.FixedSizeListArray.from_arrays(action.ravel(), ACT),
+                        pa.array(np.append(e["reward"], np.float32(0))),
+                    ],
+                    schema=schema,
+                )
+
+        t = time.perf_counter()
+        lance.write_dataset(pa.RecordBatchReader.from_batches(schema, batches()), self.root)
+        return time.perf_counter() - t
+
+    def open(self) -> Callable[[], object]:
+        import lance
+
+        ds = lance.dataset(self.root)
+        n_ep = ds.count_rows() // STEPS_PLUS_ONE[0]
+        rng = np.random.default_rng(0)
+        steps = STEPS_PLUS_ONE[0] - 1
+
+        def sample():
+            e = rng.integers(0, n_ep, B)
+            s = rng.integers(0, steps - L + 1, B)
+            rows = (e * (steps + 1) + s)[:, None] + np.arange(L + 1)
+            tbl = ds.take(rows.ravel())
+            cam = np.frombuffer(tbl.column("camera").combine_chunks().buffers()[1], np.uint8)
+            state = tbl.column("state").combine_chunks().values.to_numpy()
+            action = tbl.column("action").combine_chunks().values.to_numpy()
+            return (
+                cam[: B * (L + 1) * int(np.prod(CAM))].reshape(B, L + 1, *CAM),
+                state.reshape(B, L + 1, STATE),
+                action.reshape(B, L + 1, ACT)[:, :L],
+                tbl.column("reward").to_numpy().reshape(B, L + 1)[:, :L],
+            )
+
+        return sample
+
+
+STEPS_PLUS_ONE = [201]
+
+
+class RawMemmap(System):
+    name = "raw numpy memmap gather"
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+
+    def build(self, seed: int, count: int, steps: int) -> float:
+        if os.path.exists(os.path.join(self.root, "camera.u8")):
+            return 0.0
+        os.makedirs(self.root, exist_ok=True)
+        t = time.perf_counter()
+        with (
+            open(os.path.join(self.root, "camera.u8"), "wb") as cam,
+            open(os.path.join(self.root, "state.f32"), "wb") as st,
+        ):
+            for e in episodes(seed, count, steps):
+                cam.write(e["camera"].tobytes())
+                st.write(e["state"].tobytes())
+        return time.perf_counter() - t
+
+    def open(self) -> Callable[[], object]:
+        cam = np.memmap(os.path.join(self.root, "camera.u8"), np.uint8, "r").reshape(-1, *CAM)
+        state = np.memmap(os.path.join(self.root, "state.f32"), np.float32, "r").reshape(-1, STATE)
+        steps = STEPS_PLUS_ONE[0] - 1
+        n_ep = len(cam) // (steps + 1)
+        rng = np.random.default_rng(0)
+
+        def sample():
+            e = rng.integers(0, n_ep, B)
+            s = rng.integers(0, steps - L + 1, B)
+            rows = (e * (steps + 1) + s)[:, None] + np.arange(L + 1)
+            return cam[rows], state[rows]
+
+        return sample
+
+
+# ---- timing
+
+
+def rate(sample: Callable[[], object], seconds: float, min_batches: int) -> float:
+    n = 0
+    t0 = time.perf_counter()
+    while n < min_batches or time.perf_counter() - t0 < seconds:
+        sample()
+        n += 1
+    return n * B / (time.perf_counter() - t0)
+
+
+def check_episodelake(root: str, seed: int, steps: int) -> None:
+    """Every sampled segment equals the generated data (so the systems serve the same bytes)."""
+    import episodelake as el
+
+    batch = el.Dataset.open(root, read_only=True).segment_stream(sequence_length=L, batch_size=B, seed=1).sample()
+    ds = el.Dataset.open(root, read_only=True)
+    order = {ds.episode(i).episode_id: i for i in range(len(ds))}
+    for b in range(B):
+        e = episode(seed, order[int(batch.episode_id[b])], steps)
+        s = int(batch.start[b])
+        assert np.array_equal(batch.all_obs.camera[b], e["camera"][s : s + L + 1])
+        assert np.array_equal(batch.obs.state[b], e["state"][s : s + L])
+        assert np.array_equal(batch.action[b], e["action"][s : s + L])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="100 episodes, shorter timings")
+    ap.add_argument("--episodes", type=int, default=None)
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--dir", default=None, help="data directory on the disk to test (default: a temp dir, removed)")
+    ap.add_argument("--seconds", type=float, default=None, help="timed seconds per system per round")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--cold-batches", type=int, default=None)
+    ap.add_argument("--skip", default="", help="comma-separated systems to skip (episodata,lance,...)")
+    args = ap.parse_args()
+    count = args.episodes or (100 if args.quick else 1000)
+    seconds = args.seconds or (1.0 if args.quick else 3.0)
+    cold_batches = args.cold_batches or (8 if args.quick else 24)
+    STEPS_PLUS_ONE[0] = args.steps + 1
+    seed = 0
+    root = args.dir or tempfile.mkdtemp(prefix="bench_sampling_", dir=os.environ.get("BENCH_DIR", "/var/tmp"))
+    Path(root).mkdir(parents=True, exist_ok=True)
+    skip = set(filter(None, args.skip.split(",")))
+    lake_root = os.path.join(root, "episodelake")
+    systems: list[System] = [
+        EpisodeLake(lake_root, "stream"),
+        EpisodeLake(lake_root, "prefetch"),
+        EpisodeLake(lake_root, "segments"),
+        EpisodeLake(lake_root, "tensorstore"),
+        MemmapReplayBuffer(os.path.join(root, "mrb")),
+        Episodata(os.path.join(root, "episodata")),
+        Lance(os.path.join(root, "lance")),
+        RawMemmap(os.path.join(root, "raw")),
+    ]
+    systems = [s for s in systems if not any(k in s.name for k in skip)]
+    gb = count * (args.steps + 1) * (np.prod(CAM) + 4 * STATE) / 1e9
+    print(f"data: {count} episodes x {args.steps} steps, {gb:.2f} GB of observations per copy, under {root}")
+    print(f"batch: {B} segments x {L} transitions; {os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.1f}")
+    try:
+        for s in systems:
+            took = s.build(seed, count, args.steps)
+            if took:
+                print(f"  wrote {s.name:<24} {took:7.1f} s")
+        check_episodelake(lake_root, seed, args.steps)
+        warm: dict[str, list[float]] = {s.name: [] for s in systems}
+        samplers = {s.name: s.open() for s in systems}
+        for sampler in samplers.values():  # warm-up: faults in mappings, fills the page cache
+            for _ in range(3):
+                sampler()
+        for rnd in range(args.rounds):
+            order = systems if rnd % 2 == 0 else systems[::-1]
+            for s in order:
+                warm[s.name].append(rate(samplers[s.name], seconds, 5))
+        del samplers
+        cold: dict[str, tuple[float, float]] = {}
+        for s in systems:
+            sample = s.open()
+            drop_page_cache(s.root)
+            before = storage_read_bytes()
+            r = rate(sample, 0.0, cold_batches)
+            cold[s.name] = (r, (storage_read_bytes() - before) / 1e6)
+            del sample
+        ref = "memmap-replay-buffer"
+        ref_warm = statistics.median(warm[ref]) if ref in warm else float("nan")
+        ref_cold = cold[ref][0] if ref in cold else float("nan")
+        print()
+        print(f"{'system':<30}{'in page cache':>16}{'vs mrb':>8}{'cold':>12}{'vs mrb':>8}{'read from disk':>16}")
+        for s in systems:
+            w = statistics.median(warm[s.name])
+            c, mb = cold[s.name]
+            print(f"{s.name:<30}{w:>12,.0f} seg/s{w / ref_warm:>7.2f}x", end="")
+            print(f"{c:>8,.0f} seg/s{c / ref_cold:>7.2f}x{mb:>12,.0f} MB")
+        print(
+            f"(in page cache: median of {args.rounds} rounds of {seconds:.0f}+ s; cold: {cold_batches} batches "
+            "right after evicting the system's files from the page cache)"
+        )
+    finally:
+        if args.dir is None:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
