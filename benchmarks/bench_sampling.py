@@ -27,6 +27,7 @@ Run: ``.venv/bin/python benchmarks/bench_sampling.py [--quick] [--dir DIR]``.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import shutil
 import statistics
@@ -418,14 +419,15 @@ def main() -> None:
         check_episodelake(lake_root, seed, args.steps)
         warm: dict[str, list[float]] = {s.name: [] for s in systems}
         samplers = {s.name: s.open() for s in systems}
-        for sampler in samplers.values():  # warm-up: faults in mappings, fills the page cache
+        for name in samplers:  # warm-up: faults in mappings, fills the page cache
             for _ in range(3):
-                sampler()
+                samplers[name]()
         for rnd in range(args.rounds):
             order = systems if rnd % 2 == 0 else systems[::-1]
             for s in order:
                 warm[s.name].append(rate(samplers[s.name], seconds, 5))
         del samplers
+        gc.collect()  # unmap everything the warm samplers mapped, or the page cache cannot drop it
         cold: dict[str, tuple[float, float]] = {}
         for s in systems:
             sample = s.open()
@@ -434,6 +436,7 @@ def main() -> None:
             r = rate(sample, 0.0, cold_batches)
             cold[s.name] = (r, (storage_read_bytes() - before) / 1e6)
             del sample
+            gc.collect()
         ref = "memmap-replay-buffer"
         ref_warm = statistics.median(warm[ref]) if ref in warm else float("nan")
         ref_cold = cold[ref][0] if ref in cold else float("nan")

@@ -452,6 +452,10 @@ class Dataset(EpisodeCollection):
         """Commit pending finished episodes now; returns the new version (None if none)."""
         return self._sink.flush() if self._sink is not None else None
 
+    def discard_pending(self) -> int:
+        """Drop finished but uncommitted episodes (they will never be committed); returns how many."""
+        return self._sink.discard() if self._sink is not None else 0
+
     def close(self) -> None:
         self.flush()
 

@@ -377,6 +377,14 @@ class CommitSink:
             self.arrays[f.key] = TensorArray.create(self.ds.location, self.name, f, self.ds._ts_context)
         return self.arrays[f.key]
 
+    def discard(self) -> int:
+        """Forget the pending episodes; returns how many were dropped."""
+        dropped = len(self.pending)
+        self.pending = []
+        self.pending_bytes = 0
+        self.first_pending_at = None
+        return dropped
+
     def flush(self) -> int | None:
         """Commit all pending episodes in one table commit; return the new version.
 
@@ -410,9 +418,7 @@ class CommitSink:
         rows = build_rows(self.schema, episodes, summaries, self.name, ids, refs)
         version = self.ds._table.append(rows)
         self.seq += len(episodes)
-        self.pending = []
-        self.pending_bytes = 0
-        self.first_pending_at = None
+        self.discard()
         self.ds._on_commit()
         return version
 

@@ -68,9 +68,7 @@ def write_import(
             ds.append_episodes([episode])
         ds.flush()
     except BaseException:
-        sink = ds._sink
-        if sink is not None:  # pending episodes must not be committed later (atexit flush)
-            sink.pending.clear()
+        ds.discard_pending()  # pending episodes must not be committed later (atexit flush)
         ds.location.fs.rm(ds.location.path, recursive=True)
         raise
     return ds
