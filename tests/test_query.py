@@ -20,6 +20,11 @@ from .conftest import robot_schema
 from .reference import random_episode
 
 
+def scalar(collection, query: str, params=None):
+    """The single value a query returns."""
+    return collection.sql(query, params).fetchall()[0][0]
+
+
 def ids_where(ds, raws, keep) -> list[int]:
     """Episode ids of the raw episodes for which ``keep(raw)`` holds (ids follow append order)."""
     return [int(i) for i, r in zip(ds.episode_ids, raws, strict=True) if keep(r)]
@@ -92,7 +97,9 @@ def test_steps_view_matches_raw(robot_dataset, raw_episodes):
         "ORDER BY e.created_at, s.episode_id, t"
     )
     n = sum(r.length for r in raw_episodes)
-    np.testing.assert_array_equal(got["episode_id"], np.repeat(robot_dataset.episode_ids, [r.length for r in raw_episodes]))
+    np.testing.assert_array_equal(
+        got["episode_id"], np.repeat(robot_dataset.episode_ids, [r.length for r in raw_episodes])
+    )
     np.testing.assert_array_equal(got["t"], np.concatenate([np.arange(r.length) for r in raw_episodes]))
     np.testing.assert_array_equal(got["observation/state"], np.concatenate([r.obs["state"][:-1] for r in raw_episodes]))
     np.testing.assert_array_equal(
@@ -124,7 +131,7 @@ def test_where_returns_view_of_matching_episodes(robot_dataset, raw_episodes):
         ep = view.episode(i)
         np.testing.assert_array_equal(ep.read().obs.camera, raw_by_id[ep.episode_id].obs["camera"][:-1])
     # the view's SQL sees only the view's episodes, in both views
-    assert view.sql("SELECT count(*) FROM episodes").fetchone()[0] == len(want)
+    assert scalar(view, "SELECT count(*) FROM episodes") == len(want)
     assert sorted(r[0] for r in view.sql("SELECT DISTINCT episode_id FROM steps").fetchall()) == sorted(want)
 
 
@@ -167,7 +174,7 @@ def test_select_episodes_rejects_foreign_ids(robot_dataset):
 def test_where_rejects_invalid_predicates(robot_dataset, bad):
     with pytest.raises(el.QueryError, match="where"):
         robot_dataset.where(bad)
-    assert robot_dataset.sql("SELECT count(*) FROM episodes").fetchone()[0] == len(robot_dataset)
+    assert scalar(robot_dataset, "SELECT count(*) FROM episodes") == len(robot_dataset)
 
 
 def test_sql_errors_are_query_errors(robot_dataset):
@@ -180,13 +187,13 @@ def test_sql_errors_are_query_errors(robot_dataset):
 def test_relations_stay_valid_across_queries(robot_dataset):
     first = robot_dataset.sql("SELECT episode_id FROM episodes ORDER BY episode_id")
     reader = first.arrow()  # an open streaming result
-    second = robot_dataset.sql("SELECT count(*) FROM steps").fetchone()[0]
+    second = scalar(robot_dataset, "SELECT count(*) FROM steps")
     assert second == robot_dataset.num_steps
     assert reader.read_all().column("episode_id").to_pylist() == sorted(robot_dataset.episode_ids.tolist())
 
 
 def test_sql_params(robot_dataset, raw_episodes):
-    got = robot_dataset.sql("SELECT count(*) FROM episodes WHERE length > ? AND task = ?", [5, "place"]).fetchone()[0]
+    got = scalar(robot_dataset, "SELECT count(*) FROM episodes WHERE length > ? AND task = ?", [5, "place"])
     assert got == sum(r.length > 5 and r.meta["task"] == "place" for r in raw_episodes)
 
 
@@ -199,7 +206,9 @@ def test_stats_match_numpy(robot_dataset, raw_episodes):
 def test_stats_field_selection_and_errors(robot_dataset, raw_episodes):
     got = robot_dataset.stats(["reward"])
     assert set(got) == {"episodes", "length", "return", "reward"}
-    np.testing.assert_allclose(got["reward"]["mean"], np.concatenate([r.reward for r in raw_episodes]).mean(), rtol=1e-6)
+    np.testing.assert_allclose(
+        got["reward"]["mean"], np.concatenate([r.reward for r in raw_episodes]).mean(), rtol=1e-6
+    )
     with pytest.raises(el.QueryError, match="'nope'"):
         robot_dataset.stats(["nope"])
     with pytest.raises(el.QueryError, match="'task'"):
@@ -220,10 +229,12 @@ def test_stats_of_any_subset_match_numpy(robot_dataset, raw_episodes, min_len, t
     view = robot_dataset.where(f"length >= {min_len} AND task IN ({in_list})").where(
         "success" if success else "NOT success"
     )
-    subset = [
-        r for r in raw_episodes if r.length >= min_len and r.meta["task"] in tasks and r.meta["success"] == success
-    ]
-    assert view.episode_ids.tolist() == ids_where(robot_dataset, raw_episodes, lambda r: r in subset)
+
+    def keep(r) -> bool:
+        return r.length >= min_len and r.meta["task"] in tasks and r.meta["success"] == success
+
+    subset = [r for r in raw_episodes if keep(r)]
+    assert view.episode_ids.tolist() == ids_where(robot_dataset, raw_episodes, keep)
     if subset:
         assert_stats_equal(view.stats(), subset)
     else:
@@ -241,13 +252,11 @@ def test_time_travel(tmp_path):
     ds.append_episodes(e.as_dict(unwrap_action=True) for e in second)
     ds.flush()
     old = el.Dataset.open(path, version=v1)
-    assert old.sql("SELECT count(*) FROM episodes").fetchone()[0] == len(first)
-    assert old.sql("SELECT count(*) FROM steps").fetchone()[0] == sum(r.length for r in first)
+    assert scalar(old, "SELECT count(*) FROM episodes") == len(first)
+    assert scalar(old, "SELECT count(*) FROM steps") == sum(r.length for r in first)
     assert_stats_equal(old.stats(), first)
     assert_stats_equal(el.Dataset.open(path).stats(), first + second)
-    assert old.where("task = 'pick'").episode_ids.tolist() == ids_where(
-        old, first, lambda r: r.meta["task"] == "pick"
-    )
+    assert old.where("task = 'pick'").episode_ids.tolist() == ids_where(old, first, lambda r: r.meta["task"] == "pick")
 
 
 def test_view_is_pinned_to_its_snapshot(robot_dataset, raw_episodes):
@@ -255,8 +264,8 @@ def test_view_is_pinned_to_its_snapshot(robot_dataset, raw_episodes):
     extra = random_episode(np.random.default_rng(3), 6)
     robot_dataset.append_episodes([extra.as_dict(unwrap_action=True)])
     robot_dataset.flush()
-    assert robot_dataset.sql("SELECT count(*) FROM episodes").fetchone()[0] == len(raw_episodes) + 1
-    assert view.sql("SELECT count(*) FROM episodes").fetchone()[0] == len(raw_episodes)
+    assert scalar(robot_dataset, "SELECT count(*) FROM episodes") == len(raw_episodes) + 1
+    assert scalar(view, "SELECT count(*) FROM episodes") == len(raw_episodes)
     assert_stats_equal(robot_dataset.stats(), [*raw_episodes, extra])
     assert_stats_equal(view.stats(), raw_episodes)
 
@@ -285,9 +294,13 @@ def test_storage_encodings_show_true_values(tmp_path):
         )
     ds = el.Dataset.from_episodes(eps, str(tmp_path / "enc"), schema=schema)
     got = ds.sql_numpy('SELECT "observation/level", action, "extra/half" FROM steps ORDER BY episode_id, t')
-    np.testing.assert_array_equal(got["observation/level"], np.concatenate([e["observations"]["level"][:-1] for e in eps]))
+    np.testing.assert_array_equal(
+        got["observation/level"], np.concatenate([e["observations"]["level"][:-1] for e in eps])
+    )
     np.testing.assert_array_equal(got["action"], np.concatenate([e["actions"] for e in eps]))
-    np.testing.assert_array_equal(got["extra/half"], np.concatenate([e["extras"]["half"] for e in eps]).astype(np.float32))
+    np.testing.assert_array_equal(
+        got["extra/half"], np.concatenate([e["extras"]["half"] for e in eps]).astype(np.float32)
+    )
     stats = ds.stats()
     levels = np.concatenate([e["observations"]["level"] for e in eps]).astype(np.float64)
     np.testing.assert_array_equal(stats["observation/level"]["max"], levels.max(0))
@@ -296,8 +309,8 @@ def test_storage_encodings_show_true_values(tmp_path):
 
 def test_empty_dataset():
     ds = el.Dataset.create(robot_schema(), None)
-    assert ds.sql("SELECT count(*) FROM episodes").fetchone()[0] == 0
-    assert ds.sql("SELECT count(*) FROM steps").fetchone()[0] == 0
+    assert scalar(ds, "SELECT count(*) FROM episodes") == 0
+    assert scalar(ds, "SELECT count(*) FROM steps") == 0
     assert len(ds.where("true")) == 0
     assert ds.stats()["episodes"]["count"] == 0
 
@@ -319,7 +332,10 @@ def count_opened(ds, query: str) -> list[str]:
     fs.opened = []
     snap = ds.snapshot()
     table = getattr(ds, "dataset", ds)._table
-    counted = table.dt.to_pyarrow_dataset(filesystem=pafs.PyFileSystem(pafs.FSSpecHandler(fs)))
+    root = table.loc.delta_uri()  # the table lists file paths relative to its root
+    counted = table.dt.to_pyarrow_dataset(
+        filesystem=pafs.SubTreeFileSystem(root, pafs.PyFileSystem(pafs.FSSpecHandler(fs)))
+    )
     snap.arrow_dataset = lambda: counted  # instrumentation: same table, same files, counted opens
     ds.sql(query).fetchall()
     return fs.opened

@@ -19,7 +19,7 @@ from .reference import expected_all_obs, expected_segment, random_episode, segme
 LENGTHS = [1, 2, 3, 5, 8, 9, 13, 17, 24, 31, 40, 6, 2, 19]
 
 
-def make_dataset(path, compression=None, writers=1):
+def make_dataset(path, compression=None, writers=1, storage_options=None):
     """Episodes with LENGTHS (several shorter than the tested sequence lengths), optionally split over writers."""
     rng = np.random.default_rng(7)
     raw = [random_episode(rng, n) for n in LENGTHS]
@@ -40,10 +40,10 @@ def make_dataset(path, compression=None, writers=1):
                 for f in schema
             ]
         )
-    ds = el.Dataset.create(schema, path, commit_episodes=4)
+    ds = el.Dataset.create(schema, path, commit_episodes=4, storage_options=storage_options)
     parts = np.array_split(np.arange(len(raw)), writers)
     for i, part in enumerate(parts):
-        handle = ds if i == 0 else el.Dataset.open(path)
+        handle = ds if i == 0 else el.Dataset.open(path, storage_options=storage_options)
         handle.append_episodes(raw[j].as_dict(unwrap_action=True) for j in part)
         handle.flush()
     ds.refresh()
@@ -355,7 +355,7 @@ def test_sql_where_and_weights_select_episodes(lake):
         assert all(by_id[int(e)].meta["success"] for e in w.episode_id)
     zero = np.zeros(len(raw))
     zero[3] = 1.0
-    only = ds.segment_stream(sequence_length=2, batch_size=20, seed=0, weights=zero)
+    only = ds.segment_stream(sequence_length=2, batch_size=20, seed=0, weights=zero, where="length > 2")
     assert set(next(only).episode_id.tolist()) == {ds.episode(3).episode_id}
 
 
@@ -434,3 +434,28 @@ def test_uniform_sampling_is_uniform_over_segments(lake):
     assert set(counts) == set(want)
     freq = np.array([counts[s] for s in want]) / sum(counts.values())
     np.testing.assert_allclose(freq, 1 / len(want), atol=0.25 / len(want) + 0.003)
+
+
+def test_corrupt_chunks_are_reported(tmp_path):
+    import glob
+
+    path = str(tmp_path / "ds")
+    make_dataset(path)
+    chunk = sorted(glob.glob(f"{path}/tensors/*/observation/camera/c/0/0/0/0"))[0]
+    data = bytearray(open(chunk, "rb").read())
+    data[100] ^= 0xFF  # same size, one flipped byte in episode 0's first rows
+    open(chunk, "wb").write(bytes(data))
+    with pytest.raises(el.CorruptionError, match="CRC"):
+        el.Dataset.open(path, verify=True).segments(3).__getitems__([0])
+    assert len(el.Dataset.open(path).segments(3).__getitems__([0]).episode_id) == 1  # unverified reads go on
+    open(chunk, "wb").write(bytes(data[:-7]))  # truncated chunk file
+    with pytest.raises(el.CorruptionError, match="chunk file"):
+        el.Dataset.open(path).segments(3).__getitems__([0])
+
+
+def test_object_storage_sampling_reads_sharded_tensors(s3_server, s3_url):
+    ds, raw = make_dataset(s3_url, writers=2, storage_options=s3_server.storage_options)
+    segs = ds.segments(6, pad="prefix")
+    batch = segs.__getitems__(list(range(len(segs))))
+    assert starts_of(batch) == reference_ids(ds, raw, lambda e: True, 6, "prefix", 1)
+    check_batch(batch, raw_by_id(ds, raw), 6)

@@ -146,6 +146,146 @@ def cmd_plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def _print_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
+    """Rows as aligned text columns (numbers right-aligned)."""
+    cells = [[str(h) for h in header]] + [["NULL" if v is None else str(v) for v in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    numeric = [all(isinstance(row[i], int | float) for row in rows if row[i] is not None) for i in range(len(header))]
+    for n, row in enumerate(cells):
+        padded = [
+            c.rjust(w) if numeric[i] and n else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        ]
+        print("  ".join(padded).rstrip())
+        if n == 0:
+            print("  ".join("-" * w for w in widths))
+
+
+def _print_json(value: object) -> None:
+    import json
+    from decimal import Decimal
+
+    def plain(v: object) -> object:  # DuckDB sums of BIGINT are HUGEINT, i.e. Decimal in Arrow
+        if isinstance(v, Decimal):
+            return int(v) if v == v.to_integral_value() else float(v)
+        return str(v)
+
+    print(json.dumps(value, indent=2, default=plain))
+
+
+def _open_read_only(args: argparse.Namespace):
+    import json
+
+    from .dataset import Dataset
+
+    return Dataset.open(args.path, args.version, storage_options=json.loads(args.options), read_only=True)
+
+
+def _stored_in(f) -> str:
+    return "meta" if f.role == "meta" else ("tensor" if f.in_tensor else "table")
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    """Schema, counts, versions and size of a dataset."""
+    ds = _open_read_only(args)
+    adds = ds._table.dt.get_add_actions(flatten=True)
+    table_bytes = int(sum(adds.column("size_bytes").to_pylist()))
+    tensors = ds.location.child("tensors")
+    tensor_bytes = int(ds.location.fs.du(tensors)) if ds.location.fs.exists(tensors) else 0
+    info = {
+        "url": ds.location.url,
+        "version": ds.version,
+        "latest_version": max(h["version"] for h in ds.history()),
+        "episodes": len(ds),
+        "steps": ds.num_steps,
+        "partition_by": ds.descriptor.get("partition_by", []),
+        "table_files": adds.num_rows,
+        "table_bytes": table_bytes,
+        "tensor_bytes": tensor_bytes,
+        "created_at": ds.descriptor.get("created_at"),
+        "info": ds.info,
+        "schema": [{**f.to_json(), "key": f.key, "storage": _stored_in(f)} for f in ds.schema],
+    }
+    if args.json:
+        _print_json(info)
+        return 0
+    print(f"{info['url']}  version {info['version']} (latest {info['latest_version']})")
+    print(f"{info['episodes']} episodes, {info['steps']} steps, partitioned by {info['partition_by'] or 'nothing'}")
+    print(f"table: {info['table_files']} files, {table_bytes / 1e6:.2f} MB; tensors: {tensor_bytes / 1e6:.2f} MB")
+    _print_table(
+        ["key", "role", "dtype", "shape", "stored in"],
+        [(f["key"], f["role"], f["dtype"], tuple(f["shape"]), f["storage"]) for f in info["schema"]],
+    )
+    return 0
+
+
+def cmd_sql(args: argparse.Namespace) -> int:
+    """Run SQL over the ``episodes`` and ``steps`` views; print a table or JSON rows."""
+    from .errors import QueryError
+
+    ds = _open_read_only(args)
+    collection = ds.where(args.where) if args.where else ds
+    try:
+        tbl = collection.sql_arrow(args.query)
+    except QueryError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    rows = tbl.to_pylist()
+    if args.json:
+        _print_json(rows)
+        return 0
+    shown = rows if args.max_rows is None else rows[: args.max_rows]
+    _print_table(tbl.column_names, [list(r.values()) for r in shown])
+    print(f"({len(rows)} rows{'' if len(shown) == len(rows) else f', {len(shown)} shown'})")
+    return 0
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    """Mean/std/min/max per field (per channel), episode length and return, optionally of a subset."""
+    import numpy as np
+
+    from .errors import QueryError
+
+    ds = _open_read_only(args)
+    try:
+        collection = ds.where(args.where) if args.where else ds
+        stats = collection.stats(_csv(args.fields))
+    except QueryError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        _print_json({k: {m: np.asarray(v).tolist() for m, v in entry.items()} for k, entry in stats.items()})
+        return 0
+    print(f"{stats['episodes']['count']} episodes" + (f" where {args.where}" if args.where else ""))
+    rows = []
+    for key, entry in stats.items():
+        if key == "episodes":
+            continue
+        means = np.atleast_1d(entry["mean"])
+        for c in range(len(means)):
+            pick = [np.atleast_1d(entry[m])[c] for m in ("mean", "std", "min", "max")]
+            rows.append([key, c if np.ndim(entry["mean"]) else "", entry["count"], *(float(f"{v:.6g}") for v in pick)])
+    _print_table(["quantity", "channel", "count", "mean", "std", "min", "max"], rows)
+    return 0
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    """The table's commit history, newest first."""
+    from datetime import UTC, datetime
+
+    ds = _open_read_only(args)
+    entries = ds.history()
+    if args.json:
+        _print_json(entries)
+        return 0
+    rows = []
+    for h in entries:
+        when = datetime.fromtimestamp(h["timestamp"] / 1e3, UTC).isoformat(timespec="seconds")
+        metrics = h.get("operationMetrics", {})
+        rows.append([h["version"], when, h["operation"], metrics.get("num_added_rows"), metrics.get("num_added_files")])
+    _print_table(["version", "time (UTC)", "operation", "rows added", "files added"], rows)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="episodelake", description="A lakehouse for RL / robotics episodes.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -219,6 +359,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--where", default=None, help="plot only episodes matching this SQL predicate")
     p.add_argument("--bins", type=int, default=30)
     p.set_defaults(func=cmd_plot)
+
+    def dataset_args(p: argparse.ArgumentParser, json_help: str = "print JSON") -> None:
+        p.add_argument("path", help="dataset path or URL")
+        p.add_argument("--version", type=int, default=None, help="use this table version (default: latest)")
+        p.add_argument("--options", default="{}", help="fsspec-style storage options, as JSON")
+        p.add_argument("--json", action="store_true", help=json_help)
+
+    p = sub.add_parser("info", help="schema, episode and step counts, versions and size of a dataset")
+    dataset_args(p)
+    p.set_defaults(func=cmd_info)
+
+    p = sub.add_parser("sql", help="run SQL over the episodes and steps views")
+    dataset_args(p, "print the rows as a JSON list of objects")
+    p.add_argument("query", help='SQL, e.g. "SELECT task, avg(return) FROM episodes GROUP BY task"')
+    p.add_argument("--where", default=None, help="restrict both views to episodes matching this SQL predicate")
+    p.add_argument("--max-rows", type=int, default=100, help="rows to print in table form (default 100)")
+    p.set_defaults(func=cmd_sql)
+
+    p = sub.add_parser("stats", help="mean/std/min/max per field and channel, episode length and return")
+    dataset_args(p)
+    p.add_argument("--where", default=None, help="statistics of the episodes matching this SQL predicate")
+    p.add_argument("--fields", default=None, help="field keys, comma-separated (default: all numeric fields)")
+    p.set_defaults(func=cmd_stats)
+
+    p = sub.add_parser("history", help="the table's commit history (versions for --version / time travel)")
+    dataset_args(p)
+    p.set_defaults(func=cmd_history)
 
     return parser
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import re
 import threading
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from functools import cache
 from importlib.resources import files
 from string import Template
@@ -62,6 +62,11 @@ def quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
+def channel_column(f: FieldSpec, part: str, channel: int) -> str:
+    """Column of ``episode_stats`` holding statistic ``part`` of one channel of ``f``."""
+    return f"{stat_column(f, part)}/{channel}"
+
+
 def next_key(f: FieldSpec) -> str:
     """Name of the ``steps`` column holding observation row ``t + 1`` of ``f``."""
     return f"next_{f.key}"
@@ -75,7 +80,7 @@ class _SnapshotSQL:
         self.db = duckdb.connect()
         self.lock = threading.Lock()
         self._id_order: tuple[np.ndarray, np.ndarray] | None = None
-        self._stats: pa.Table | None = None
+        self._stats: dict[str, np.ndarray | pa.Array] = {}
 
     def id_order(self) -> tuple[np.ndarray, np.ndarray]:
         """(sorted episode ids, their positions): vectorized id -> position lookups."""
@@ -98,50 +103,48 @@ class _SnapshotSQL:
 
     def positions_of(self, ids: np.ndarray) -> np.ndarray:
         """Snapshot positions of ``ids`` without duplicates, in episode order."""
-        return np.unique(self.lookup(ids))
+        hit = np.zeros(self.snap.num_episodes, dtype=bool)
+        hit[self.lookup(ids)] = True
+        return np.flatnonzero(hit)
 
-    def stats_table(self, fields: list[FieldSpec]) -> pa.Table:
-        """Length, return and the flattened statistics of ``fields``, one row per episode in episode order."""
+    def stats_columns(self, fields: list[FieldSpec]) -> dict[str, np.ndarray | pa.Array]:
+        """Length, return and the statistics of ``fields`` split per channel, as arrays in episode order."""
         with self.lock:
-            have = set() if self._stats is None else set(self._stats.column_names)
-            todo = [f for f in fields if stat_column(f, "count") not in have]
-            if self._stats is None or todo:
-                self._stats = self._load_stats(todo, self._stats)
+            todo = [f for f in fields if stat_column(f, "count") not in self._stats]
+            if todo or not self._stats:
+                self._stats.update(self._load_stats(todo, with_index=not self._stats))
             return self._stats
 
-    def _load_stats(self, fields: list[FieldSpec], current: pa.Table | None) -> pa.Table:
+    def _load_stats(self, fields: list[FieldSpec], with_index: bool) -> dict[str, np.ndarray | pa.Array]:
+        base = ["length", "return"] if with_index else []
         cols = [stat_column(f, p) for f in fields for p in STAT_PARTS]
-        base = ["length", "return"] if current is None else []
         tbl = self.snap.arrow_dataset().to_table(columns=["episode_id", *base, *cols])
-        # reorder rows into episode order (the order of snapshot positions)
+        # rows come in file order: ``order`` puts them in episode order (snapshot positions)
         pos = self.lookup(tbl.column("episode_id").to_numpy())
-        if tbl.num_rows != self.snap.num_episodes or len(np.unique(pos)) != tbl.num_rows:
+        n = self.snap.num_episodes
+        if tbl.num_rows != n or (np.bincount(pos, minlength=n) != 1).any():
             raise CorruptionError(f"snapshot version {self.snap.version}: episode ids in the table are not unique")
         order = np.empty(tbl.num_rows, dtype=np.int64)
         order[pos] = np.arange(tbl.num_rows)
-        tbl = tbl.take(pa.array(order))
-        out = {name: tbl.column(name) for name in base}
+        out: dict[str, np.ndarray | pa.Array] = {}
+        for name in base:  # Arrow keeps a missing return NULL, so SQL aggregates skip it
+            out[name] = tbl.column(name).combine_chunks().take(pa.array(order))
         for f in fields:
-            out[stat_column(f, "count")] = tbl.column(stat_column(f, "count"))
+            out[stat_column(f, "count")] = tbl.column(stat_column(f, "count")).to_numpy()[order]
             channels = f.stat_channels
             for part in STAT_PARTS[1:]:
                 col = tbl.column(stat_column(f, part)).combine_chunks()
-                if col.null_count:
-                    raise CorruptionError(f"field {f.key!r}: statistics column {part!r} has missing values")
                 values = pc.list_flatten(col).to_numpy(zero_copy_only=False)
-                if values.size != tbl.num_rows * channels:
+                if col.null_count or values.size != tbl.num_rows * channels:
                     raise CorruptionError(
-                        f"field {f.key!r}: statistics {part!r} hold {values.size} values, "
-                        f"expected {channels} per episode"
+                        f"field {f.key!r}: statistics {part!r} hold {values.size} values for {tbl.num_rows} "
+                        f"episodes, expected {channels} per episode"
                     )
-                values = values.reshape(tbl.num_rows, channels)
+                # one row gather into episode order, one transpose: each channel is then a contiguous row
+                values = values.reshape(tbl.num_rows, channels)[order].T.copy()
                 for c in range(channels):
-                    out[f"{stat_column(f, part)}/{c}"] = pa.array(np.ascontiguousarray(values[:, c]))
-        if current is None:
-            return pa.table(out)
-        for name, col in out.items():
-            current = current.append_column(name, col)
-        return current
+                    out[channel_column(f, part, c)] = values[c]
+        return out
 
 
 _STATE: weakref.WeakKeyDictionary[Snapshot, _SnapshotSQL] = weakref.WeakKeyDictionary()
@@ -239,10 +242,17 @@ def _view(collection: EpisodeCollection, ids: np.ndarray) -> DatasetView:
     return DatasetView(dataset, snap, positions)
 
 
-def _episode_ids(collection: EpisodeCollection, query: str, what: str) -> np.ndarray:
-    cur = connect(collection)
+def _episode_ids(
+    cur: duckdb.DuckDBPyConnection,
+    relation: Callable[[duckdb.DuckDBPyConnection], duckdb.DuckDBPyRelation | None],
+    what: str,
+) -> np.ndarray:
+    """The ``episode_id`` column of ``relation(cur)``, validated; DuckDB errors become QueryError."""
     try:
-        tbl = cur.sql(query).to_arrow_table()
+        rel = relation(cur)
+        if rel is None:
+            raise QueryError(f"{what}: the query returns no rows")
+        tbl = rel.to_arrow_table()
     except duckdb.Error as exc:
         raise QueryError(f"{what}: {exc}") from exc
     if "episode_id" not in tbl.column_names:
@@ -254,11 +264,16 @@ def _episode_ids(collection: EpisodeCollection, query: str, what: str) -> np.nda
 
 
 def where(collection: EpisodeCollection, predicate: str) -> DatasetView:
-    """The episodes of ``collection`` for which the SQL ``predicate`` over ``episodes`` is true."""
+    """The episodes of ``collection`` for which the SQL ``predicate`` over ``episodes`` is true.
+
+    ``predicate`` is parsed as one SQL expression (anything else is a :class:`QueryError`).
+    """
     if not isinstance(predicate, str) or not predicate.strip():
         raise QueryError(f"where() needs a SQL predicate string, got {predicate!r}")
     ids = _episode_ids(
-        collection, f"SELECT episode_id FROM episodes WHERE ({predicate})", f"invalid where() predicate {predicate!r}"
+        connect(collection),
+        lambda cur: cur.table("episodes").filter(predicate).project("episode_id"),
+        f"invalid where() predicate {predicate!r}",
     )
     return _view(collection, ids)
 
@@ -270,7 +285,7 @@ def select_episodes(collection: EpisodeCollection, query: str) -> DatasetView:
     """
     if not isinstance(query, str) or not query.strip():
         raise QueryError(f"select_episodes() needs a SQL query string, got {query!r}")
-    ids = _episode_ids(collection, query, f"invalid select_episodes() query {query!r}")
+    ids = _episode_ids(connect(collection), lambda cur: cur.sql(query), f"invalid select_episodes() query {query!r}")
     view = _view(collection, ids)
     if _is_view(collection):
         outside = np.setdiff1d(view.positions, collection.positions)
@@ -311,7 +326,7 @@ def stats_sql(fields: list[FieldSpec]) -> str:
     ]
     for f in fields:
         for c in range(f.stat_channels):
-            col = {p: quote(f"{stat_column(f, p)}/{c}") for p in STAT_PARTS[1:]}
+            col = {p: quote(channel_column(f, p, c)) for p in STAT_PARTS[1:]}
             n = quote(stat_column(f, "count"))
             parts.append(_moments(f"{f.key}/{c}", n, col["sum"], col["sumsq"], col["min"], col["max"]))
     return sql_template("stats").substitute(moments=",\n".join(parts))
@@ -333,11 +348,20 @@ def stats(collection: EpisodeCollection, fields: Iterable[str] | None = None) ->
     """
     specs = stat_fields(collection, fields)
     snap = collection.snapshot()
-    table = _state(snap).stats_table(specs)
+    columns = _state(snap).stats_columns(specs)
+    wanted = ["length", "return"]
+    for f in specs:
+        wanted.append(stat_column(f, "count"))
+        wanted += [channel_column(f, p, c) for p in STAT_PARTS[1:] for c in range(f.stat_channels)]
     if _is_view(collection):
-        table = table.take(pa.array(collection.positions))
+        rows = collection.positions
+        taken = {
+            n: columns[n].take(pa.array(rows)) if isinstance(columns[n], pa.Array) else columns[n][rows] for n in wanted
+        }
+    else:
+        taken = {n: columns[n] for n in wanted}
     cur = _state(snap).db.cursor()
-    cur.register("episode_stats", table)
+    cur.register("episode_stats", pa.table(taken))
     cur.execute(stats_sql(specs))
     values = dict(zip([d[0] for d in cur.description], cur.fetchone(), strict=True))
     out: dict[str, dict[str, Any]] = {"episodes": {"count": int(values["episodes"])}}

@@ -50,12 +50,14 @@ def reader_for(snap: Snapshot) -> WindowReader:
         return reader
 
 
-def select(collection: Any, where: str | None = None, filter: Callable[[Any], bool] | None = None) -> Any:
+def select(
+    collection: Any, where: str | None = None, filter: Callable[[Any], bool] | None = None
+) -> tuple[Snapshot, np.ndarray]:
     """``collection`` narrowed by a SQL predicate and/or a per-episode predicate.
 
     ``filter`` receives each episode's ``EpisodeRef`` (``episode_id``,
     ``length``, ``terminated``, ``truncated``, ``meta``) and returns a bool.
-    Returns ``(collection, snapshot, positions)``.
+    Returns ``(snapshot, positions)``.
     """
     if where is not None:
         collection = collection.where(where)
@@ -66,7 +68,7 @@ def select(collection: Any, where: str | None = None, filter: Callable[[Any], bo
             raise ValidationError(f"filter must be callable, got {type(filter).__name__}")
         keep = np.fromiter((bool(filter(ref)) for ref in collection.episodes()), bool, len(positions))
         positions = positions[keep]
-    return collection, snap, positions
+    return snap, positions
 
 
 def episode_weights(collection: Any, snap: Snapshot, positions: np.ndarray, weights: Any) -> np.ndarray:
@@ -75,7 +77,7 @@ def episode_weights(collection: Any, snap: Snapshot, positions: np.ndarray, weig
     ``weights`` is a SQL expression over the ``episodes`` view (``"return"``,
     ``"CASE WHEN success THEN 4 ELSE 1 END"``), a SQL query returning
     ``episode_id`` and ``weight`` columns (episodes it omits get weight 0),
-    or one number per episode of the collection.
+    or one number per episode of ``collection`` (before any ``where``/``filter``).
     """
     if not isinstance(weights, str):
         w = np.asarray(weights, dtype=np.float64)
@@ -83,8 +85,8 @@ def episode_weights(collection: Any, snap: Snapshot, positions: np.ndarray, weig
             raise ValidationError(
                 f"weights: expected one value per episode ({len(collection.positions)}), got shape {w.shape}"
             )
-        keep = np.isin(collection.positions, positions)
-        return w[keep]
+        by_pos = dict(zip(collection.positions.tolist(), w.tolist(), strict=True))
+        return np.array([by_pos[p] for p in positions.tolist()], dtype=np.float64)
     text = weights.strip()
     if text.split(None, 1)[0].lower() in ("select", "with", "from"):
         query = text
@@ -224,7 +226,7 @@ class SegmentDataset:
         filter: Callable[[Any], bool] | None = None,
         shard: Sequence[int] | None = None,
     ) -> None:
-        _, snap, positions = select(collection, where, filter)
+        snap, positions = select(collection, where, filter)
         self.index = SegmentIndex(positions, snap.lengths[positions], sequence_length, pad, stride, shard)
         self.sequence_length = self.index.sequence_length
         self.reader = reader_for(snap)
@@ -447,7 +449,7 @@ class SegmentStream:
             raise ValidationError("sampler must have a sample(index, batch_size) method")
         if weights is not None and (sampler is not None or not (shuffle and replacement)):
             raise ValidationError("weights apply to the default with-replacement sampler only")
-        collection, snap, positions = select(collection, where, filter)
+        snap, positions = select(collection, where, filter)
         self.index = SegmentIndex(positions, snap.lengths[positions], L, pad, stride, shard)
         self.sequence_length, self.context_length = L, C
         self._build = _BatchBuilder(self.index, reader_for(snap), L, C)

@@ -194,7 +194,7 @@ def sample_transitions(
     gamma = check_gamma(gamma)
     if rng is None:
         rng = np.random.default_rng(seed)
-    _, snap, positions = select(collection, where, filter)
+    snap, positions = select(collection, where, filter)
     index = SegmentIndex(positions, snap.lengths[positions], 1)
     which, t = index.locate(index.sample_uniform(rng, B))
     return build_transitions(reader_for(snap), positions[which], t, n, gamma, k, h)
