@@ -89,6 +89,26 @@ def drop_page_cache(root: str) -> None:
                 os.close(fd)
 
 
+def preload(root: str) -> int:
+    """Read every file under ``root`` once so it sits in the page cache; returns the bytes read."""
+    buf = bytearray(8 << 20)
+    total = 0
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            with open(os.path.join(dirpath, name), "rb", buffering=0) as fh:
+                while n := fh.readinto(buf):
+                    total += n
+    return total
+
+
+def mem_available() -> int:
+    with open("/proc/meminfo") as fh:
+        for line in fh:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
 def storage_read_bytes() -> int:
     with open("/proc/self/io") as fh:
         for line in fh:
@@ -417,6 +437,8 @@ def main() -> None:
             if took:
                 print(f"  wrote {s.name:<24} {took:7.1f} s")
         check_episodelake(lake_root, seed, args.steps)
+        stored = sum(preload(root) for root in sorted({s.root for s in systems}))
+        print(f"stored {stored / 1e9:.1f} GB in all; {mem_available() / 1e9:.1f} GB of memory available")
         warm: dict[str, list[float]] = {s.name: [] for s in systems}
         samplers = {s.name: s.open() for s in systems}
         for name in samplers:  # warm-up: faults in mappings, fills the page cache
@@ -425,6 +447,7 @@ def main() -> None:
         for rnd in range(args.rounds):
             order = systems if rnd % 2 == 0 else systems[::-1]
             for s in order:
+                preload(s.root)  # in page cache for sure, whatever the other systems evicted
                 warm[s.name].append(rate(samplers[s.name], seconds, 5))
         del samplers
         gc.collect()  # unmap everything the warm samplers mapped, or the page cache cannot drop it

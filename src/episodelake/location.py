@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import fsspec
+import pyarrow.fs as pafs
 
 from .errors import LocationError
 
@@ -81,6 +82,17 @@ class Location:
         if self.protocol == "gs":
             return _gs_delta_options(self.storage_options)
         raise LocationError(f"no Delta mapping for {self.protocol}://")
+
+    def arrow_filesystem(self, *parts: str) -> pafs.FileSystem:
+        """A pyarrow filesystem rooted at a directory under the root.
+
+        Handing this to deltalake's ``to_pyarrow_dataset`` keeps Parquet reads
+        in pyarrow; deltalake's own Rust-backed handler can abort the
+        interpreter at exit ("terminate called without an active exception").
+        """
+        if self.is_local:
+            return pafs.SubTreeFileSystem(self.child(*parts), pafs.LocalFileSystem())
+        return pafs.SubTreeFileSystem(self.child(*parts), pafs.PyFileSystem(pafs.FSSpecHandler(self.fs)))
 
     def kvstore(self, *parts: str) -> dict[str, Any]:
         """TensorStore kvstore spec for a directory under the root."""

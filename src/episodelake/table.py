@@ -107,7 +107,7 @@ class EpisodeTable:
 
     def dataset(self) -> pads.Dataset:
         """The pinned snapshot as an Arrow dataset (pushdown, partition pruning)."""
-        return self.dt.to_pyarrow_dataset()
+        return self.dt.to_pyarrow_dataset(filesystem=self.loc.arrow_filesystem("episodes"))
 
     def read(self, columns: list[str], filter: Any = None) -> pa.Table:
         return self.dataset().to_table(columns=columns, filter=filter)
