@@ -10,13 +10,16 @@ on the same disk and returns NumPy/torch arrays of the same shapes:
   prefetch), ``segments()`` batched reads, and the TensorStore read path
   (the memory-mapped fast path disabled) for reference;
 * memmap-replay-buffer: its ``dataloader`` over ``ReplayDatasetTimeWindow``
-  (33-step windows, default ``num_workers=0``);
+  (33-step windows, default ``num_workers=0``, ``torch.set_num_threads(1)``);
 * episodata: ``segment_stream(...).sample()`` (zarr backend);
 * Lance (pylance): one row per observation step (fixed-size list / binary
   columns), one random ``take`` of the 64 x 33 rows per batch;
 * raw NumPy: one flat ``np.memmap`` per field, fancy-index gather.
 
-Two regimes: data in the page cache (after a warm-up), and cold: before each
+Every measurement runs in a fresh interpreter (one system's threads, e.g.
+zarr's event loop, slow another's torch kernels several-fold when they share a
+process on a small machine). Two regimes: data in the page cache (files read
+once before timing, then a warm-up), and cold: before each
 timed pass every file of the system is dropped from the page cache with
 ``posix_fadvise(DONTNEED)`` (after unmapping it), and the bytes the process
 actually read from storage (``/proc/self/io``) are reported with the rate.
@@ -27,10 +30,12 @@ Run: ``.venv/bin/python benchmarks/bench_sampling.py [--quick] [--dir DIR]``.
 from __future__ import annotations
 
 import argparse
-import gc
+import json
 import os
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -172,7 +177,9 @@ class EpisodeLake(System):
             batching.ChunkFiles.probe = classmethod(lambda cls, directory, field: None)
             try:
                 stream = ds.segment_stream(sequence_length=L, batch_size=B, seed=0, prefetch=0)
-                stream._build.reader._tensor["observation/camera"].sources(stream._build.reader.lengths + 1)
+                stream._build.reader._tensor["observation/camera"].sources(
+                    stream._build.reader.lengths + 1, forked=False
+                )
             finally:
                 batching.ChunkFiles.probe = probe
             return stream.sample
@@ -224,7 +231,12 @@ class MemmapReplayBuffer(System):
         return time.perf_counter() - t
 
     def open(self) -> Callable[[], object]:
+        import torch
         from memmap_replay_buffer import ReplayBuffer, ReplayDatasetTimeWindow
+
+        # its best setting here: with torch's default 2 intra-op threads its batch collation
+        # (torch.stack) runs ~10x slower on a busy 2-core machine
+        torch.set_num_threads(1)
 
         buf = ReplayBuffer.from_folder(self.root, read_only=True)
         loader = buf.dataloader(B, dataset=ReplayDatasetTimeWindow(buf, window_length=L + 1), shuffle=True)
@@ -397,27 +409,9 @@ def check_episodelake(root: str, seed: int, steps: int) -> None:
         assert np.array_equal(batch.action[b], e["action"][s : s + L])
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="100 episodes, shorter timings")
-    ap.add_argument("--episodes", type=int, default=None)
-    ap.add_argument("--steps", type=int, default=200)
-    ap.add_argument("--dir", default=None, help="data directory on the disk to test (default: a temp dir, removed)")
-    ap.add_argument("--seconds", type=float, default=None, help="timed seconds per system per round")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--cold-batches", type=int, default=None)
-    ap.add_argument("--skip", default="", help="comma-separated systems to skip (episodata,lance,...)")
-    args = ap.parse_args()
-    count = args.episodes or (100 if args.quick else 1000)
-    seconds = args.seconds or (1.0 if args.quick else 3.0)
-    cold_batches = args.cold_batches or (8 if args.quick else 24)
-    STEPS_PLUS_ONE[0] = args.steps + 1
-    seed = 0
-    root = args.dir or tempfile.mkdtemp(prefix="bench_sampling_", dir=os.environ.get("BENCH_DIR", "/var/tmp"))
-    Path(root).mkdir(parents=True, exist_ok=True)
-    skip = set(filter(None, args.skip.split(",")))
+def make_systems(root: str) -> list[System]:
     lake_root = os.path.join(root, "episodelake")
-    systems: list[System] = [
+    return [
         EpisodeLake(lake_root, "stream"),
         EpisodeLake(lake_root, "prefetch"),
         EpisodeLake(lake_root, "segments"),
@@ -427,47 +421,80 @@ def main() -> None:
         Lance(os.path.join(root, "lance")),
         RawMemmap(os.path.join(root, "raw")),
     ]
-    systems = [s for s in systems if not any(k in s.name for k in skip)]
+
+
+def measure(system: System, phase: str, seconds: float, cold_batches: int) -> dict[str, float]:
+    """One measurement in this (fresh) process: warm (page cache) or cold (files evicted first)."""
+    sample = system.open()
+    if phase == "warm":
+        preload(system.root)
+        for _ in range(3):  # fault in mappings
+            sample()
+        return {"rate": rate(sample, seconds, 5)}
+    drop_page_cache(system.root)
+    before = storage_read_bytes()
+    r = rate(sample, 0.0, cold_batches)
+    return {"rate": r, "mb": (storage_read_bytes() - before) / 1e6}
+
+
+def run_isolated(args: argparse.Namespace, name: str, phase: str, seconds: float, cold_batches: int) -> dict:
+    """Measure in a fresh interpreter, so no system's threads or allocator state disturb another's."""
+    cmd = [sys.executable, __file__, "--dir", args.dir, "--steps", str(args.steps), "--worker", name, phase]
+    cmd += ["--seconds", str(seconds), "--cold-batches", str(cold_batches)]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if out.returncode:
+        raise RuntimeError(f"{name} {phase} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="100 episodes, shorter timings")
+    ap.add_argument("--episodes", type=int, default=None)
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--dir", default=None, help="data directory on the disk to test (default: a temp dir, removed)")
+    ap.add_argument("--seconds", type=float, default=None, help="timed seconds per system per round")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--cold-batches", type=int, default=None)
+    ap.add_argument("--skip", default="", help="comma-separated name parts of systems to skip (episodata,lance,...)")
+    ap.add_argument("--worker", nargs=2, metavar=("SYSTEM", "PHASE"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    count = args.episodes or (100 if args.quick else 1000)
+    seconds = args.seconds or (1.0 if args.quick else 3.0)
+    cold_batches = args.cold_batches or (8 if args.quick else 24)
+    STEPS_PLUS_ONE[0] = args.steps + 1
+    if args.worker:
+        system = next(s for s in make_systems(args.dir) if s.name == args.worker[0])
+        print(json.dumps(measure(system, args.worker[1], seconds, cold_batches)))
+        return
+    seed = 0
+    cleanup = args.dir is None
+    args.dir = args.dir or tempfile.mkdtemp(prefix="bench_sampling_", dir=os.environ.get("BENCH_DIR", "/var/tmp"))
+    Path(args.dir).mkdir(parents=True, exist_ok=True)
+    skip = set(filter(None, args.skip.split(",")))
+    systems = [s for s in make_systems(args.dir) if not any(k in s.name for k in skip)]
     gb = count * (args.steps + 1) * (np.prod(CAM) + 4 * STATE) / 1e9
-    print(f"data: {count} episodes x {args.steps} steps, {gb:.2f} GB of observations per copy, under {root}")
+    print(f"data: {count} episodes x {args.steps} steps, {gb:.2f} GB of observations per copy, under {args.dir}")
     print(f"batch: {B} segments x {L} transitions; {os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.1f}")
     try:
         for s in systems:
             took = s.build(seed, count, args.steps)
             if took:
                 print(f"  wrote {s.name:<24} {took:7.1f} s")
-        check_episodelake(lake_root, seed, args.steps)
-        stored = sum(preload(root) for root in sorted({s.root for s in systems}))
-        print(f"stored {stored / 1e9:.1f} GB in all; {mem_available() / 1e9:.1f} GB of memory available")
+        check_episodelake(systems[0].root, seed, args.steps)
+        print(f"{mem_available() / 1e9:.1f} GB of memory available; each measurement runs in a fresh process")
         warm: dict[str, list[float]] = {s.name: [] for s in systems}
-        samplers = {s.name: s.open() for s in systems}
-        for name in samplers:  # warm-up: faults in mappings, fills the page cache
-            for _ in range(3):
-                samplers[name]()
         for rnd in range(args.rounds):
-            order = systems if rnd % 2 == 0 else systems[::-1]
-            for s in order:
-                preload(s.root)  # in page cache for sure, whatever the other systems evicted
-                warm[s.name].append(rate(samplers[s.name], seconds, 5))
-        del samplers
-        gc.collect()  # unmap everything the warm samplers mapped, or the page cache cannot drop it
-        cold: dict[str, tuple[float, float]] = {}
-        for s in systems:
-            sample = s.open()
-            drop_page_cache(s.root)
-            before = storage_read_bytes()
-            r = rate(sample, 0.0, cold_batches)
-            cold[s.name] = (r, (storage_read_bytes() - before) / 1e6)
-            del sample
-            gc.collect()
+            for s in systems if rnd % 2 == 0 else systems[::-1]:
+                warm[s.name].append(run_isolated(args, s.name, "warm", seconds, cold_batches)["rate"])
+        cold = {s.name: run_isolated(args, s.name, "cold", seconds, cold_batches) for s in systems}
         ref = "memmap-replay-buffer"
         ref_warm = statistics.median(warm[ref]) if ref in warm else float("nan")
-        ref_cold = cold[ref][0] if ref in cold else float("nan")
+        ref_cold = cold[ref]["rate"] if ref in cold else float("nan")
         print()
         print(f"{'system':<30}{'in page cache':>16}{'vs mrb':>8}{'cold':>12}{'vs mrb':>8}{'read from disk':>16}")
         for s in systems:
-            w = statistics.median(warm[s.name])
-            c, mb = cold[s.name]
+            w, c, mb = statistics.median(warm[s.name]), cold[s.name]["rate"], cold[s.name]["mb"]
             print(f"{s.name:<30}{w:>12,.0f} seg/s{w / ref_warm:>7.2f}x", end="")
             print(f"{c:>8,.0f} seg/s{c / ref_cold:>7.2f}x{mb:>12,.0f} MB")
         print(
@@ -475,8 +502,8 @@ def main() -> None:
             "right after evicting the system's files from the page cache)"
         )
     finally:
-        if args.dir is None:
-            shutil.rmtree(root, ignore_errors=True)
+        if cleanup:
+            shutil.rmtree(args.dir, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -48,6 +48,10 @@ MAX_MAPPED_CHUNKS = 8192  # bound on cached chunk mappings per array (vm.max_map
 
 
 PAGE = mmap.PAGESIZE
+FORK_MESSAGE = (
+    "field {key!r} ({where}) is read through TensorStore, which cannot run in a process forked from one "
+    "that used it; use DataLoader(..., multiprocessing_context='spawn')"
+)
 
 
 def aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
@@ -195,10 +199,7 @@ class TensorStoreRows:
 
     def copy_runs(self, out: np.ndarray, runs: list[tuple[int, int, int, int]]) -> None:
         if os.getpid() != self._pid:
-            raise RuntimeError(
-                f"field {self.array.field.key!r} ({self.array.where}) is read through TensorStore, which cannot run "
-                "in a process forked after it started; use DataLoader(multiprocessing_context='spawn')"
-            )
+            raise RuntimeError(FORK_MESSAGE.format(key=self.array.field.key, where=self.array.where))
         batch = ts.Batch()
         futures = [self.array.store[src : src + n].read(batch=batch) for _, src, n, _ in runs]
         batch.submit()
@@ -224,13 +225,18 @@ class TensorField:
         self._snap = snap
         self._sources: list[ChunkFiles | TensorStoreRows] | None = None
 
-    def sources(self, nrows: np.ndarray) -> list[ChunkFiles | TensorStoreRows]:
+    def sources(self, nrows: np.ndarray, forked: bool) -> list[ChunkFiles | TensorStoreRows]:
+        """One reader per writer; ``forked``: this process was forked from the one that built the reader."""
         if self._sources is None:
             snap, f = self._snap, self.field
             out: list[ChunkFiles | TensorStoreRows] = []
             for w, writer in enumerate(self.writers.tolist()):
                 src = ChunkFiles.probe(snap.loc.child(*array_parts(writer, f)), f) if snap.loc.is_local else None
                 if src is None:
+                    if forked:
+                        raise RuntimeError(
+                            FORK_MESSAGE.format(key=f.key, where=snap.loc.child(*array_parts(writer, f)))
+                        )
                     try:
                         src = TensorStoreRows(snap.tensor_array(writer, f))
                     except CorruptionError as exc:
@@ -279,6 +285,7 @@ class WindowReader:
         self.meta = {f.name: meta_column(snap, f) for f in self.schema.meta_fields}
         self._table = {f.key: (snap.table_field(f), snap.offsets(f)[:-1]) for f in self.schema.table_step_fields}
         self._tensor = {f.key: TensorField(snap, f) for f in self.schema.tensor_fields}
+        self._origin_pid = os.getpid()  # a different pid later means a forked worker
         self._init_process()
 
     def _init_process(self) -> None:
@@ -292,6 +299,7 @@ class WindowReader:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        self._origin_pid = os.getpid()  # a fresh (spawned) process may start TensorStore
         self._init_process()
 
     def nrows(self, f: FieldSpec) -> np.ndarray:
@@ -320,7 +328,7 @@ class WindowReader:
     def _gather_tensor(
         self, tf: TensorField, pos: np.ndarray, rows: np.ndarray, valid: np.ndarray, flat: np.ndarray
     ) -> None:
-        sources = tf.sources(self.nrows(tf.field))
+        sources = tf.sources(self.nrows(tf.field), forked=os.getpid() != self._origin_pid)
         if self.snap.verify:
             for p in np.unique(pos[~tf.verified[pos]]).tolist():
                 self.snap.read_ranges(tf.field, [p], [0], [0])  # checks the episode's CRC-32 once
