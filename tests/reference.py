@@ -95,7 +95,7 @@ def segment_starts(lengths, length: int, pad: str | None = "suffix", stride: int
     """
     out = []
     for e, T in enumerate(lengths):
-        if T >= length:
+        if length <= T:
             s = 0
             while s + length <= T:
                 out.append((e, s))

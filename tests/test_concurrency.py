@@ -108,6 +108,23 @@ def test_concurrent_appends(tmp_path):
 
 @pytest.mark.slow
 def test_concurrent_appends_many_commits(tmp_path):
-    # more than the automatic compaction interval (64 commits): compaction races appends
-    figures = run_concurrent(str(tmp_path / "ds"), writers=6, episodes=60, per_commit=1, check_every=12)
+    # each writer passes the automatic compaction interval (64 commits): compaction races appends
+    figures = run_concurrent(str(tmp_path / "ds"), writers=4, episodes=66, per_commit=1, check_every=16)
     print("concurrency (slow):", figures)
+    operations = [h.get("operation") for h in el.Dataset.open(str(tmp_path / "ds")).history()]
+    assert "OPTIMIZE" in operations  # each writer compacted once, racing the others' appends
+
+
+def test_compaction_from_a_stale_handle_duplicates_nothing(tmp_path):
+    """deltalake would let a second compaction of already-compacted files commit, duplicating their rows."""
+    path = str(tmp_path / "ds")
+    ds = el.Dataset.create(crash_schema(), path, partition_by=["task"])
+    for i in range(5):
+        ds.append_episodes([episode(0, i).as_dict(unwrap_action=True)])
+        ds.flush()
+    stale = el.Dataset.open(path)
+    ds.compact()
+    stale.compact()
+    for handle in (stale, el.Dataset.open(path)):
+        assert origins(handle) == [(0, i) for i in range(5)]
+    assert not os.path.exists(os.path.join(path, "episodes", "_episodelake_compact.lock"))

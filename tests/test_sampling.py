@@ -438,17 +438,18 @@ def test_uniform_sampling_is_uniform_over_segments(lake):
 
 def test_corrupt_chunks_are_reported(tmp_path):
     import glob
+    from pathlib import Path
 
     path = str(tmp_path / "ds")
     make_dataset(path)
-    chunk = sorted(glob.glob(f"{path}/tensors/*/observation/camera/c/0/0/0/0"))[0]
-    data = bytearray(open(chunk, "rb").read())
+    chunk = Path(sorted(glob.glob(f"{path}/tensors/*/observation/camera/c/0/0/0/0"))[0])
+    data = bytearray(chunk.read_bytes())
     data[100] ^= 0xFF  # same size, one flipped byte in episode 0's first rows
-    open(chunk, "wb").write(bytes(data))
+    chunk.write_bytes(bytes(data))
     with pytest.raises(el.CorruptionError, match="CRC"):
         el.Dataset.open(path, verify=True).segments(3).__getitems__([0])
     assert len(el.Dataset.open(path).segments(3).__getitems__([0]).episode_id) == 1  # unverified reads go on
-    open(chunk, "wb").write(bytes(data[:-7]))  # truncated chunk file
+    chunk.write_bytes(bytes(data[:-7]))  # truncated chunk file
     with pytest.raises(el.CorruptionError, match="chunk file"):
         el.Dataset.open(path).segments(3).__getitems__([0])
 

@@ -12,6 +12,7 @@ versions and time travel.
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -27,6 +28,8 @@ from .schema import DatasetSchema, FieldSpec
 STAT_PARTS = ("count", "sum", "sumsq", "min", "max")
 COMPACT_EVERY = 64  # commits between automatic compactions + checkpoints
 COMMIT_RETRIES = 20
+COMPACT_LOCK = "_episodelake_compact.lock"  # underscore: Delta's vacuum and readers ignore it
+COMPACT_LOCK_STALE_S = 600.0
 
 
 def stat_column(field: FieldSpec, part: str) -> str:
@@ -132,14 +135,44 @@ class EpisodeTable:
         return self.version
 
     def compact(self) -> None:
-        """Merge small files and write a checkpoint so opening stays fast."""
-        try:
-            self.dt.optimize.compact()
-            self.dt.create_checkpoint()
-        except CommitFailedError:
-            pass  # another writer compacted concurrently; the data is unchanged
+        """Merge small files and write a checkpoint so opening stays fast.
+
+        deltalake lets two compactions of the same files both commit (their
+        removes carry dataChange=false, which its conflict checker accepts),
+        and every row the two share is then duplicated. So a compaction
+        starts from the latest version and, on local disk, holds an exclusive
+        lock file; a compaction that finds it held is skipped (nothing changes).
+        """
+        if self._lock_compaction():
+            try:
+                self.dt.update_incremental()
+                self.dt.optimize.compact()
+                self.dt.create_checkpoint()
+            except CommitFailedError:
+                pass  # lost a race with another writer; the data is unchanged
+            finally:
+                if self.loc.is_local:
+                    os.remove(self.loc.child("episodes", COMPACT_LOCK))
         self.dt.update_incremental()
         self._commits_since_compact = 0
+
+    def _lock_compaction(self) -> bool:
+        """Create the compaction lock (local disk only; a lock older than COMPACT_LOCK_STALE_S is broken)."""
+        if not self.loc.is_local:
+            return True  # object stores: no lock file (see docs/reliability.md)
+        path = self.loc.child("episodes", COMPACT_LOCK)
+        for _ in range(2):
+            try:
+                os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+                return True
+            except FileExistsError:
+                try:
+                    if time.time() - os.path.getmtime(path) < COMPACT_LOCK_STALE_S:
+                        return False
+                    os.remove(path)  # left by a compactor that was killed
+                except FileNotFoundError:
+                    pass
+        return False
 
     def history(self) -> list[dict[str, Any]]:
         return self.dt.history()
