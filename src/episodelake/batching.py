@@ -39,7 +39,7 @@ import numpy as np
 import tensorstore as ts
 
 from .errors import CorruptionError
-from .schema import FieldSpec, from_storage, storage_dtype
+from .schema import FieldSpec
 from .segments import Segment
 from .snapshot import Snapshot
 from .tensors import TensorArray, array_parts
@@ -258,15 +258,6 @@ class TensorField:
         return {**self.__dict__, "_sources": None}
 
 
-def meta_column(snap: Snapshot, f: FieldSpec) -> np.ndarray:
-    """Per-episode values of meta field ``f`` (schema dtype; object array for str or unset values)."""
-    raw = snap.index[f.key]
-    if f.np_dtype.kind == "U" or any(v is None for v in raw):
-        return np.asarray(raw, dtype=object)
-    values = np.asarray(raw.tolist(), dtype=storage_dtype(f.np_dtype)).reshape(len(raw), *f.shape)
-    return from_storage(values, f.np_dtype)
-
-
 class WindowReader:
     """Gathers row windows of a snapshot's episodes into batch buffers (see module docstring).
 
@@ -282,7 +273,7 @@ class WindowReader:
         self.episode_ids = idx["episode_id"].astype(np.int64)
         self.terminated = idx["terminated"].astype(bool)
         self.truncated = idx["truncated"].astype(bool)
-        self.meta = {f.name: meta_column(snap, f) for f in self.schema.meta_fields}
+        self.meta = {f.name: snap.index[f.key] for f in self.schema.meta_fields}
         self._table = {f.key: (snap.table_field(f), snap.offsets(f)[:-1]) for f in self.schema.table_step_fields}
         self._tensor = {f.key: TensorField(snap, f) for f in self.schema.tensor_fields}
         self._origin_pid = os.getpid()  # a different pid later means a forked worker

@@ -35,15 +35,18 @@ def run_demo(path: str, episodes: int = 50, seed: int = 0) -> Dataset:
             # "lean" pushes the cart toward the side the pole leans to: it balances longer
             action = int(obs[2] > 0) if policy == "lean" else int(rng.integers(2))
             obs, reward, terminated, truncated, _ = env.step(action)
-            writer.add_step(
-                {"observations": obs, "actions": action, "rewards": reward, "terminated": terminated, "truncated": truncated}
-            )
+            step = {"observations": obs, "actions": action, "rewards": reward}
+            writer.add_step({**step, "terminated": terminated, "truncated": truncated})
             done = terminated or truncated
     ds.close()
     took = time.perf_counter() - start
-    print(f"collected {len(ds)} episodes, {ds.num_steps} steps into {ds.location.url} in {took:.2f} s (version {ds.version})")
+    print(f"collected {len(ds)} episodes, {ds.num_steps} steps into {ds.location.url} in {took:.2f} s")
+    print(f"committed as table version {ds.version}")
 
-    query = "SELECT policy, count(*) AS episodes, avg(length) AS mean_length FROM episodes GROUP BY policy ORDER BY policy"
+    query = (
+        "SELECT policy, count(*) AS episodes, avg(length) AS mean_length "
+        "FROM episodes GROUP BY policy ORDER BY policy"
+    )
     print(f"\nSQL> {query}")
     for row in ds.sql(query).fetchall():
         print(f"  {row[0]:>6}: {row[1]} episodes, mean length {row[2]:.1f}")
@@ -56,7 +59,8 @@ def run_demo(path: str, episodes: int = 50, seed: int = 0) -> Dataset:
     stream = good.segment_stream(sequence_length=16, batch_size=32, seed=seed)
     batch = stream.sample()
     print("\nsegment_stream(sequence_length=16, batch_size=32).sample():")
-    print(f"  obs {batch.obs.shape}, next_obs {batch.next_obs.shape}, action {batch.action.shape}, mask {batch.mask.shape}")
+    print(f"  obs {batch.obs.shape}, next_obs {batch.next_obs.shape}")
+    print(f"  action {batch.action.shape}, mask {batch.mask.shape}")
     same = np.array_equal(batch.obs[:, 1:], batch.next_obs[:, :-1])
     print(f"  obs[t + 1] == next_obs[t] inside each segment: {same}")
     return ds

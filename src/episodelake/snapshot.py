@@ -41,6 +41,27 @@ def flatten_lists(col: pa.ChunkedArray | pa.Array, depth: int) -> np.ndarray:
     return arr.to_numpy(zero_copy_only=False)
 
 
+def decode_meta(col: pa.ChunkedArray, f: FieldSpec) -> np.ndarray:
+    """A meta column as NumPy in episode order: the schema dtype, or objects for str/unset values.
+
+    Vectorized (no per-row Python) so opening a million-episode snapshot stays fast.
+    """
+    if f.np_dtype.kind == "U":
+        return col.to_numpy(zero_copy_only=False).astype(object)
+    if col.null_count:
+        return np.array(
+            [
+                None if v is None else from_storage(np.asarray(v, storage_dtype(f.np_dtype)), f.np_dtype)
+                for v in col.to_pylist()
+            ],
+            dtype=object,
+        )
+    depth = len(f.shape) + (1 if f.np_dtype.kind == "c" else 0)
+    values = flatten_lists(col, depth) if depth else col.to_numpy()
+    inner = f.shape + ((2,) if f.np_dtype.kind == "c" else ())
+    return from_storage(values.reshape(len(col), *inner), f.np_dtype)
+
+
 class Snapshot:
     """Episodes of one table version, in stable order. Thread-safe lazy loading.
 
@@ -107,11 +128,10 @@ class Snapshot:
         order = pc.sort_indices(tbl, sort_keys=[("created_at", "ascending"), ("episode_id", "ascending")])
         tbl = tbl.take(order)
         out: dict[str, np.ndarray] = {}
-        meta = {f.key for f in self.schema.meta_fields}
+        meta = {f.key: f for f in self.schema.meta_fields}
         for name in cols:
             col = tbl.column(name)
-            # meta columns may hold nulls and lists: keep them as Python objects
-            out[name] = np.array(col.to_pylist(), dtype=object) if name in meta else col.to_numpy()
+            out[name] = decode_meta(col, meta[name]) if name in meta else col.to_numpy()
         return out
 
     @cached_property
@@ -144,10 +164,7 @@ class Snapshot:
         out: dict[str, Any] = {}
         for f in self.schema.meta_fields:
             v = self.index[f.key][pos]
-            if v is None or f.np_dtype.kind == "U":
-                out[f.name] = v
-            else:
-                out[f.name] = from_storage(np.asarray(v, dtype=storage_dtype(f.np_dtype)), f.np_dtype)[()]
+            out[f.name] = v if v is None or isinstance(v, str) else np.asarray(v, f.np_dtype)[()]
         return out
 
     def table_field(self, f: FieldSpec) -> np.ndarray:
