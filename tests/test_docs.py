@@ -17,3 +17,17 @@ def test_python_snippets_run(doc, tmp_path, monkeypatch):
     namespace: dict = {}
     for block in blocks:
         exec(compile(block, f"{doc} snippet", "exec"), namespace)  # noqa: S102 - our own docs
+
+
+def test_demo_command(tmp_path, capsys):
+    from episodelake.cli import main
+
+    assert main(["demo", str(tmp_path / "demo"), "--episodes", "12"]) == 0
+    out = capsys.readouterr().out
+    assert "collected 12 episodes" in out
+    assert "obs[t + 1] == next_obs[t] inside each segment: True" in out
+    import episodelake as el
+
+    ds = el.Dataset.open(str(tmp_path / "demo"))
+    assert len(ds) == 12
+    assert sorted(r[0] for r in ds.sql("SELECT DISTINCT policy FROM episodes").fetchall()) == ["lean", "random"]
