@@ -260,3 +260,13 @@ def test_validate_cli_reports_corruption(damaged, capsys):
     flip(camera_chunks(path)[0], 5)
     assert main(["validate", path]) == 1
     assert "checksum" in capsys.readouterr().out
+
+
+def test_sampler_raises_on_deleted_chunk_file(damaged):
+    """The memory-mapped sampling path never turns a missing chunk into zeros."""
+    path, _ = damaged
+    chunk = sorted(glob.glob(os.path.join(path, "tensors", "*", "observation", "camera", "c", "*", "0", "0", "0")))[0]
+    os.remove(chunk)
+    segments = el.Dataset.open(path).segments(2)
+    with pytest.raises(el.CorruptionError, match="missing"):
+        segments.__getitems__(list(range(len(segments))))

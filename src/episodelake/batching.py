@@ -111,7 +111,7 @@ class ChunkFiles:
         self.field = field
         self.row_shape = field.shape
         self._suffix = ("0",) * len(field.shape)
-        self._maps: dict[int, tuple[mmap.mmap, np.ndarray] | None] = {}
+        self._maps: dict[int, tuple[mmap.mmap, np.ndarray]] = {}
 
     @classmethod
     def probe(cls, directory: str, field: FieldSpec) -> ChunkFiles | None:
@@ -141,8 +141,8 @@ class ChunkFiles:
         )
         return cls(directory, rows, int(chunk[0]), field) if plain else None
 
-    def chunk(self, c: int, episode_id: int) -> tuple[mmap.mmap, np.ndarray] | None:
-        """Chunk ``c``'s mapping and its rows as a read-only array over it (None: all zeros)."""
+    def chunk(self, c: int, episode_id: int) -> tuple[mmap.mmap, np.ndarray]:
+        """Chunk ``c``'s mapping and its rows as a read-only array over it."""
         try:
             return self._maps[c]
         except KeyError:
@@ -159,8 +159,11 @@ class ChunkFiles:
                     )
                 mm = mmap.mmap(fh.fileno(), want, prot=mmap.PROT_READ)
             entry = (mm, np.frombuffer(mm, self.field.np_dtype).reshape(self.chunk_rows, *self.row_shape))
-        except FileNotFoundError:
-            entry = None
+        except FileNotFoundError as exc:
+            # every chunk of referenced rows is stored (even all-zero ones): a missing file is damage
+            raise CorruptionError(
+                f"episode {episode_id}: field {self.field.key!r}: chunk file {path} is missing"
+            ) from exc
         if len(self._maps) >= MAX_MAPPED_CHUNKS:
             self._maps.clear()  # dropped mappings unmap once no batch copy is in flight
         self._maps[c] = entry
@@ -178,9 +181,6 @@ class ChunkFiles:
         for dst, src, n, eid in runs:
             c, r = divmod(src, R)
             entry = self.chunk(c, eid)
-            if entry is None:
-                out[dst : dst + n] = 0
-                continue
             lo = r * row - r * row % PAGE
             entry[0].madvise(mmap.MADV_WILLNEED, lo, (r + n) * row - lo)
             todo.append((dst, entry[1], r, n))

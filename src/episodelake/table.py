@@ -131,7 +131,13 @@ class EpisodeTable:
         self.dt.update_incremental()
         self._commits_since_compact += 1
         if self._commits_since_compact >= COMPACT_EVERY:
-            self.compact()
+            if self.loc.is_local:
+                self.compact()
+            else:
+                # No lock file on object stores, and concurrent compactions would duplicate
+                # rows: writers only checkpoint (idempotent); ds.compact() is explicit there.
+                self.dt.create_checkpoint()
+                self._commits_since_compact = 0
         return self.version
 
     def compact(self) -> None:
