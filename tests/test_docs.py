@@ -16,7 +16,7 @@ def test_python_snippets_run(doc, tmp_path, monkeypatch):
     assert blocks, f"{doc} has no python snippets"
     namespace: dict = {}
     for block in blocks:
-        exec(compile(block, f"{doc} snippet", "exec"), namespace)  # noqa: S102 - our own docs
+        exec(compile(block, f"{doc} snippet", "exec"), namespace)  # our own docs
 
 
 def test_demo_command(tmp_path, capsys):

@@ -44,8 +44,7 @@ def run_demo(path: str, episodes: int = 50, seed: int = 0) -> Dataset:
     print(f"committed as table version {ds.version}")
 
     query = (
-        "SELECT policy, count(*) AS episodes, avg(length) AS mean_length "
-        "FROM episodes GROUP BY policy ORDER BY policy"
+        "SELECT policy, count(*) AS episodes, avg(length) AS mean_length FROM episodes GROUP BY policy ORDER BY policy"
     )
     print(f"\nSQL> {query}")
     for row in ds.sql(query).fetchall():
