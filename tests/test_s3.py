@@ -16,6 +16,7 @@ from episodelake.tensors import SHARD_CHUNKS
 
 from .conftest import robot_schema
 from .reference import RawEpisode, expected_segment, random_episode
+from .workers.common import write_stepwise as collect
 
 
 def make_episodes(seed: int, n: int) -> list[RawEpisode]:
@@ -35,24 +36,6 @@ def assert_episode(ref: el.EpisodeRef, raw: RawEpisode) -> None:
     np.testing.assert_array_equal(seg.terminated, want["terminated"])
     np.testing.assert_array_equal(seg.truncated, want["truncated"])
     assert seg.meta == raw.meta
-
-
-def collect(ds: el.Dataset, raw: RawEpisode) -> None:
-    """Record ``raw`` step by step, as an environment loop would."""
-    w = ds.new_episode({k: v[0] for k, v in raw.obs.items()}, **raw.meta)
-    for t in range(raw.length):
-        last = t == raw.length - 1
-        w.add_step(
-            {
-                "observations": {k: v[t + 1] for k, v in raw.obs.items()},
-                "actions": raw.action["action"][t],
-                "rewards": raw.reward[t],
-                "terminated": last and raw.terminated,
-                "truncated": last and raw.truncated,
-            }
-        )
-    if not (raw.terminated or raw.truncated):
-        w.finish()
 
 
 def s3_metrics() -> dict[str, int]:
