@@ -133,22 +133,33 @@ class TensorArray:
             )
         return cls(store, field, loc.child_url(*parts))
 
-    def append_block(self, block: np.ndarray) -> tuple[int, ts.Future]:
-        """Grow the array by ``len(block)`` rows and write ``block`` there in one write.
+    @property
+    def write_rows(self) -> int:
+        """Rows per write unit (a chunk, or a shard on object stores): writes aligned to it never overlap."""
+        return int(self.store.chunk_layout.write_chunk.shape[0])
 
-        One contiguous write per commit lets TensorStore fill each chunk once
-        instead of read-modify-writing chunks that episodes share. Returns the
-        first row and the write future; the caller must await it before
-        committing rows that reference the data.
-        """
+    def reserve(self, rows: int) -> int:
+        """Grow the array by ``rows`` rows (from an aligned start); return the first of them."""
         start = -(-self.rows // self.align) * self.align
-        end = start + len(block)
+        end = start + rows
         self.store = self.store.resize(
             exclusive_max=[end, *self.field.shape], resize_metadata_only=True, expand_only=True
         ).result()
-        future = self.store[start:end].write(block)
         self.rows = end
-        return start, future
+        return start
+
+    def write(self, start: int, values: np.ndarray) -> ts.Future:
+        """Write ``values`` at rows ``[start, start + len(values))`` of reserved space."""
+        return self.store[start : start + len(values)].write(values)
+
+    def append_block(self, block: np.ndarray) -> tuple[int, ts.Future]:
+        """Reserve ``len(block)`` rows and write ``block`` there in one write.
+
+        Returns the first row and the write future; the caller must await it
+        before committing rows that reference the data.
+        """
+        start = self.reserve(len(block))
+        return start, self.write(start, block)
 
     def read_rows(self, start: int, stop: int) -> np.ndarray:
         return read_many([(self, start, stop)])[0]

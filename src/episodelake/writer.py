@@ -390,8 +390,9 @@ class CommitSink:
 
         Each tensor field's rows of the whole commit are gathered into one
         contiguous block (checksums and statistics computed on the way, in a
-        thread pool) and written as one TensorStore write; the table commit
-        happens only after every tensor write has completed.
+        thread pool); finished prefixes are written while later episodes are
+        still summarized, in writes aligned to chunks (shards on object
+        stores). The table commit happens only after every write completed.
         """
         if not self.pending:
             return None
@@ -406,12 +407,25 @@ class CommitSink:
             _POOL.submit(episode_summary, self.schema, e, blocks, {k: r[i] for k, r in refs.items()})
             for i, e in enumerate(episodes)
         ]
-        summaries = [t.result() for t in tasks]
+        arrays = {f.key: self._array(f) for f in self.schema.tensor_fields}
+        base = {k: arr.reserve(len(blocks[k])) for k, arr in arrays.items()}
+        done = dict.fromkeys(arrays, 0)
         writes = []
-        for f in self.schema.tensor_fields:
-            start, future = self._array(f).append_block(blocks[f.key])
-            refs[f.key] = [start + r for r in refs[f.key]]
-            writes.append(future)
+        summaries = []
+        for i, task in enumerate(tasks):
+            summaries.append(task.result())
+            # Write each finished prefix up to its last write-unit boundary while later
+            # episodes are still summarized: aligned writes never share a chunk.
+            for k, arr in arrays.items():
+                unit = arr.write_rows
+                end = (base[k] + refs[k][i] + len(episodes[i].data[k])) // unit * unit - base[k]
+                if i == len(tasks) - 1:
+                    end = len(blocks[k])
+                if end > done[k]:
+                    writes.append(arr.write(base[k] + done[k], blocks[k][done[k] : end]))
+                    done[k] = end
+        for k in arrays:
+            refs[k] = [base[k] + r for r in refs[k]]
         for w in writes:
             w.result()
         ids = [(self.number << 32) | (self.seq + i) for i in range(len(episodes))]
