@@ -81,6 +81,11 @@ class SegmentIndex:
         self.counts = full + (short if pad is not None else 0)
         self.cum = np.concatenate([[0], np.cumsum(self.counts)]).astype(np.int64)
         self.total = int(self.cum[-1])
+        # Guide table (Chen & Asau): bucket b of the segment ids starts in episode guide[b], so
+        # locating a segment is a table lookup plus a short forward scan: O(1) expected per item.
+        self.buckets = max(1, len(self.counts))
+        edges = (np.arange(self.buckets, dtype=np.int64) * self.total) // self.buckets
+        self.guide = np.searchsorted(self.cum, edges, side="right") - 1
         # shard-local counts per episode: ids in [cum[k], cum[k + 1]) congruent to rank
         first = -((rank - self.cum) // world)  # ceil((cum - rank) / world)
         self.shard_cum = np.maximum(first, 0)
@@ -114,7 +119,11 @@ class SegmentIndex:
         episode is prefix-padded (slot ``t`` holds transition ``row + t``).
         """
         gid = self.to_global(ids)
-        k = np.searchsorted(self.cum, gid, side="right") - 1
+        k = self.guide[(gid * self.buckets) // max(self.total, 1)] if gid.size else gid
+        behind = self.cum[k + 1] <= gid
+        while behind.any():
+            k = k + behind
+            behind = self.cum[k + 1] <= gid
         row = (gid - self.cum[k]) * self.stride
         if self.pad == "prefix":
             short = self.lengths[k] - self.sequence_length
