@@ -36,9 +36,6 @@ class _NullBar:
     def update(self, n: int = 1) -> None:
         pass
 
-    def set_postfix_str(self, s: str) -> None:
-        pass
-
     def close(self) -> None:
         pass
 

@@ -105,9 +105,6 @@ class EpisodeTable:
     def refresh(self) -> None:
         self.dt.update_incremental()
 
-    def load_version(self, version: int) -> None:
-        self.dt.load_as_version(version)
-
     def dataset(self) -> pads.Dataset:
         """The pinned snapshot as an Arrow dataset (pushdown, partition pruning)."""
         return self.dt.to_pyarrow_dataset(filesystem=self.loc.arrow_filesystem("episodes"))

@@ -161,9 +161,6 @@ class TensorArray:
         start = self.reserve(len(block))
         return start, self.write(start, block)
 
-    def read_rows(self, start: int, stop: int) -> np.ndarray:
-        return read_many([(self, start, stop)])[0]
-
 
 def read_many(requests: Sequence[tuple[TensorArray, int, int]]) -> list[np.ndarray]:
     """Read several row ranges at once: all futures are issued before any is awaited."""
