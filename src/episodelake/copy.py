@@ -120,7 +120,7 @@ def _rechunked(schema: DatasetSchema, chunk_rows: Any, compression: Any) -> Data
 def _source_rows(snap: Snapshot, positions: np.ndarray) -> pa.Table:
     """All table columns of the episodes at ``positions``, in that order."""
     tbl = snap.arrow_dataset().to_table()
-    where = np.fromiter((snap.position_of_id[int(i)] for i in tbl["episode_id"].to_numpy()), np.int64, tbl.num_rows)
+    where = snap.positions_of(tbl["episode_id"].to_numpy())
     row_of_position = np.empty(snap.num_episodes, np.int64)
     row_of_position[where] = np.arange(tbl.num_rows)
     return tbl.take(pa.array(row_of_position[positions])).select(arrow_schema(snap.schema).names)

@@ -144,8 +144,11 @@ class EpisodeCollection:
 
     def episode_by_id(self, episode_id: int) -> EpisodeRef:
         snap = self.snapshot()
-        pos = snap.position_of_id.get(int(episode_id))
-        if pos is None or (self._positions is not None and pos not in set(self._positions.tolist())):
+        try:
+            pos = int(snap.positions_of(np.array([episode_id]))[0])
+        except KeyError:
+            raise KeyError(f"no episode with id {episode_id}") from None
+        if self._positions is not None and not np.isin(pos, self._positions):
             raise KeyError(f"no episode with id {episode_id}")
         return EpisodeRef(snap, pos)
 

@@ -79,27 +79,14 @@ class _SnapshotSQL:
         self.snap = snap
         self.db = duckdb.connect()
         self.lock = threading.Lock()
-        self._id_order: tuple[np.ndarray, np.ndarray] | None = None
         self._stats: dict[str, np.ndarray | pa.Array] = {}
-
-    def id_order(self) -> tuple[np.ndarray, np.ndarray]:
-        """(sorted episode ids, their positions): vectorized id -> position lookups."""
-        if self._id_order is None:
-            ids = np.asarray(self.snap.index["episode_id"], dtype=np.int64)
-            order = np.argsort(ids, kind="stable")
-            self._id_order = (ids[order], order)
-        return self._id_order
 
     def lookup(self, ids: np.ndarray) -> np.ndarray:
         """Snapshot position of each id, in the given order; unknown ids raise :class:`QueryError`."""
-        sorted_ids, order = self.id_order()
-        ids = np.asarray(ids, dtype=np.int64)
-        idx = np.searchsorted(sorted_ids, ids).clip(max=max(len(sorted_ids) - 1, 0))
-        found = sorted_ids[idx] == ids if len(sorted_ids) else np.zeros(len(ids), dtype=bool)
-        if not found.all():
-            missing = ids[~found][:10].tolist()
-            raise QueryError(f"episode ids not in snapshot version {self.snap.version}: {missing}")
-        return order[idx]
+        try:
+            return self.snap.positions_of(ids)
+        except KeyError as exc:
+            raise QueryError(exc.args[0]) from None
 
     def positions_of(self, ids: np.ndarray) -> np.ndarray:
         """Snapshot positions of ``ids`` without duplicates, in episode order."""

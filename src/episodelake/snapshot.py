@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from functools import cached_property
 from typing import Any
 
@@ -57,9 +57,44 @@ def decode_meta(col: pa.ChunkedArray, f: FieldSpec) -> np.ndarray:
             dtype=object,
         )
     depth = len(f.shape) + (1 if f.np_dtype.kind == "c" else 0)
-    values = flatten_lists(col, depth) if depth else col.to_numpy()
+    values = flatten_lists(col, depth) if depth else col.to_numpy(zero_copy_only=False)
     inner = f.shape + ((2,) if f.np_dtype.kind == "c" else ())
     return from_storage(values.reshape(len(col), *inner), f.np_dtype)
+
+
+class LazyIndex(Mapping[str, np.ndarray]):
+    """The snapshot's index columns, each read from the table on first access.
+
+    ``where()`` on a million episodes needs only ids and order; sampling loads
+    the columns it uses. Picklable: loaded columns travel to worker processes.
+    """
+
+    def __init__(self, snap: Snapshot, names: list[str]) -> None:
+        self._snap = snap
+        self._names = names
+        self._cols: dict[str, np.ndarray] = {}
+        self._lock = threading.Lock()
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name not in self._names:
+            raise KeyError(name)
+        with self._lock:
+            if name not in self._cols:
+                self._cols[name] = self._snap.load_index_column(name)
+            return self._cols[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"_snap": self._snap, "_names": self._names, "_cols": self._cols}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
 
 
 class Snapshot:
@@ -118,21 +153,51 @@ class Snapshot:
         return self._dataset
 
     @cached_property
-    def index(self) -> dict[str, np.ndarray]:
-        """Index columns (+ meta and tensor refs) as NumPy, in episode order."""
+    def _order(self) -> tuple[np.ndarray, np.ndarray]:
+        """(episode ids in table-scan order, the permutation that puts rows in episode order)."""
+        tbl = self._read_table(["episode_id", "created_at"])
+        ids = tbl.column("episode_id").to_numpy()
+        created = tbl.column("created_at").combine_chunks().cast(pa.int64()).to_numpy()
+        return ids, np.lexsort((ids, created))
+
+    @cached_property
+    def index(self) -> Mapping[str, np.ndarray]:
+        """Index columns (+ meta and tensor refs) as NumPy in episode order, each loaded on first use."""
         cols = list(INDEX_COLUMNS)
         cols += [f.key for f in self.schema.meta_fields]
         for f in self.schema.tensor_fields:
             cols += [f"ref/{f.key}", f"crc/{f.key}"]
-        tbl = self._read_table(cols)
-        order = pc.sort_indices(tbl, sort_keys=[("created_at", "ascending"), ("episode_id", "ascending")])
-        tbl = tbl.take(order)
-        out: dict[str, np.ndarray] = {}
+        return LazyIndex(self, cols)
+
+    def load_index_column(self, name: str) -> np.ndarray:
+        """One index column in episode order (meta columns decoded to the schema dtype)."""
+        scan_ids, order = self._order
+        if name == "episode_id":
+            return scan_ids[order]
+        tbl = self._read_table(["episode_id", name])
+        col = tbl.column(name).combine_chunks()
+        ids = tbl.column("episode_id").to_numpy()
+        # scans are deterministic, so rows normally come in the order of the first read
+        rows = order if np.array_equal(ids, scan_ids) else np.argsort(self.positions_of(ids), kind="stable")
+        col = col.take(pa.array(rows))
         meta = {f.key: f for f in self.schema.meta_fields}
-        for name in cols:
-            col = tbl.column(name)
-            out[name] = decode_meta(col, meta[name]) if name in meta else col.to_numpy()
-        return out
+        return decode_meta(col, meta[name]) if name in meta else col.to_numpy(zero_copy_only=False)
+
+    def positions_of(self, ids: np.ndarray) -> np.ndarray:
+        """Snapshot positions of episode ``ids`` (vectorized); unknown ids raise KeyError."""
+        sorted_ids, pos = self._id_lookup
+        ids = np.asarray(ids, dtype=np.int64)
+        idx = np.searchsorted(sorted_ids, ids).clip(max=max(len(sorted_ids) - 1, 0))
+        found = sorted_ids[idx] == ids if len(sorted_ids) else np.zeros(len(ids), dtype=bool)
+        if not found.all():
+            raise KeyError(f"episode ids not in snapshot version {self.version}: {ids[~found][:10].tolist()}")
+        return pos[idx]
+
+    @cached_property
+    def _id_lookup(self) -> tuple[np.ndarray, np.ndarray]:
+        ids = np.asarray(self.index["episode_id"], dtype=np.int64)
+        pos = np.argsort(ids, kind="stable")
+        return ids[pos], pos
 
     @cached_property
     def num_episodes(self) -> int:
@@ -152,10 +217,6 @@ class Snapshot:
         """Start of each episode's observation rows (T + 1 per episode)."""
         return np.concatenate([[0], np.cumsum(self.lengths + 1)]).astype(np.int64)
 
-    @cached_property
-    def position_of_id(self) -> dict[int, int]:
-        return {int(e): i for i, e in enumerate(self.index["episode_id"])}
-
     def offsets(self, f: FieldSpec) -> np.ndarray:
         return self.obs_offsets if f.role == "observation" else self.step_offsets
 
@@ -173,8 +234,7 @@ class Snapshot:
             if f.key in self._fields:
                 return self._fields[f.key]
             tbl = self._read_table(["episode_id", f.key])
-            ids = tbl.column("episode_id").to_numpy()
-            pos = np.fromiter((self.position_of_id[int(i)] for i in ids), np.int64, len(ids))
+            pos = self.positions_of(tbl.column("episode_id").to_numpy())
             col = tbl.column(f.key).combine_chunks().take(pa.array(np.argsort(pos)))
             listed = pc.list_value_length(col).to_numpy(zero_copy_only=False)
             want = np.diff(self.offsets(f))

@@ -67,17 +67,16 @@ def install_crash(path: str, crash: str, at: int) -> None:
 
         el.EpisodeWriter.add_step = add_step
     elif crash == "tensor":
-        # the write entry point of TensorArray (its name has changed as the writer evolved)
-        name = next(n for n in ("append_block", "append_many", "append") if hasattr(tensors.TensorArray, n))
-        original_append = getattr(tensors.TensorArray, name)
+        # die right after a tensor write was issued (it may be half done), before the commit
+        original_write = tensors.TensorArray.write
 
-        def append(self, *args, **kwargs):
-            out = original_append(self, *args, **kwargs)
+        def write(self, *args, **kwargs):
+            out = original_write(self, *args, **kwargs)
             if calls.tick():
                 die()
             return out
 
-        setattr(tensors.TensorArray, name, append)
+        tensors.TensorArray.write = write
     elif crash in ("before-commit", "parquet", "after-commit"):
         original_commit = table.EpisodeTable.append
 
