@@ -24,6 +24,17 @@ def robot_schema(image: bool = True) -> el.DatasetSchema:
     return el.DatasetSchema(fields)
 
 
+def build_robot_dataset(path: str, seed: int, episodes: int, per_commit: int, max_length: int) -> list:
+    """A partitioned on-disk dataset of reference episodes, committed ``per_commit`` at a time."""
+    rng = np.random.default_rng(seed)
+    raws = [random_episode(rng, int(rng.integers(2, max_length))) for _ in range(episodes)]
+    ds = el.Dataset.create(robot_schema(), path, partition_by=["task"])
+    for i in range(0, episodes, per_commit):
+        ds.append_episodes(r.as_dict(unwrap_action=True) for r in raws[i : i + per_commit])
+        ds.flush()
+    return raws
+
+
 @pytest.fixture
 def raw_episodes():
     rng = np.random.default_rng(1234)

@@ -20,21 +20,15 @@ import pytest
 
 import episodelake as el
 
-from .conftest import robot_schema
-from .reference import random_episode
+from .conftest import build_robot_dataset
 
 
 @pytest.fixture
 def damaged(tmp_path):
     """A fresh dataset of 6 episodes (3 commits) + its reference episodes."""
     path = str(tmp_path / "ds")
-    rng = np.random.default_rng(7)
-    raws = [random_episode(rng, int(rng.integers(3, 30))) for _ in range(6)]
-    ds = el.Dataset.create(robot_schema(), path, partition_by=["task"])
-    for i in range(0, 6, 2):
-        ds.append_episodes(r.as_dict(unwrap_action=True) for r in raws[i : i + 2])
-        ds.flush()
-    assert ds.validate().ok
+    raws = build_robot_dataset(path, seed=7, episodes=6, per_commit=2, max_length=30)
+    assert el.Dataset.open(path).validate().ok
     return path, raws
 
 

@@ -10,14 +10,12 @@ from __future__ import annotations
 import os
 import stat
 
-import numpy as np
 import pytest
 
 import episodelake as el
 from episodelake.cli import main
 
-from .conftest import robot_schema
-from .reference import random_episode
+from .conftest import build_robot_dataset
 from .test_bad_input import tree_digest
 
 
@@ -25,12 +23,7 @@ from .test_bad_input import tree_digest
 def frozen(tmp_path):
     """A dataset with three versions, its write bits removed (restored afterwards for cleanup)."""
     path = str(tmp_path / "ds")
-    rng = np.random.default_rng(5)
-    raws = [random_episode(rng, int(rng.integers(2, 20))) for _ in range(6)]
-    ds = el.Dataset.create(robot_schema(), path, partition_by=["task"])
-    for i in range(0, 6, 3):
-        ds.append_episodes(r.as_dict(unwrap_action=True) for r in raws[i : i + 3])
-        ds.flush()
+    raws = build_robot_dataset(path, seed=5, episodes=6, per_commit=3, max_length=20)
     modes = {}
     for base, dirs, files in os.walk(path):
         for name in [*dirs, *files, "."]:
