@@ -113,6 +113,14 @@ def test_stats(two_commits, capsys):
     assert sum(line.startswith("observation/camera") for line in text.splitlines()) == 3  # one row per channel
 
 
+def test_stats_plot(two_commits, capsys, tmp_path):
+    path = two_commits[0]
+    out = tmp_path / "hist.png"
+    assert main(["stats", path, "--where", "task = 'pick'", "--plot", str(out)]) == 0
+    assert f"wrote return/length histograms to {out}" in capsys.readouterr().out
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 1000
+
+
 def test_history(two_commits, capsys):
     path, first, second = two_commits
     entries = run_json(capsys, "history", path)

@@ -252,9 +252,15 @@ def cmd_stats(args: argparse.Namespace) -> int:
     except QueryError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if args.plot:
+        from .plots import episode_histograms
+
+        episode_histograms(collection, args.plot)
     if args.json:
         _print_json({k: {m: np.asarray(v).tolist() for m, v in entry.items()} for k, entry in stats.items()})
         return 0
+    if args.plot:
+        print(f"wrote return/length histograms to {args.plot}")
     print(f"{stats['episodes']['count']} episodes" + (f" where {args.where}" if args.where else ""))
     rows = []
     for key, entry in stats.items():
@@ -381,6 +387,7 @@ def build_parser() -> argparse.ArgumentParser:
     dataset_args(p)
     p.add_argument("--where", default=None, help="statistics of the episodes matching this SQL predicate")
     p.add_argument("--fields", default=None, help="field keys, comma-separated (default: all numeric fields)")
+    p.add_argument("--plot", default=None, metavar="OUT.png", help="also write return/length histograms there")
     p.set_defaults(func=cmd_stats)
 
     p = sub.add_parser("history", help="the table's commit history (versions for --version / time travel)")
