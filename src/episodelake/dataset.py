@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from deltalake.exceptions import DeltaError
 
+from .commit import CommitSink
 from .errors import CorruptionError, DatasetNotFoundError, ReadOnlyError, SchemaError, ValidationError
 from .location import Location, resolve
 from .schema import DatasetSchema, infer_schema
@@ -29,7 +30,8 @@ from .segments import Segment
 from .snapshot import Snapshot
 from .table import EpisodeTable, arrow_schema
 from .tensors import make_context
-from .writer import CommitSink, EpisodeWriter, VectorEpisodeWriter, episode_from_dict, write_episodes
+from .validation import episode_from_dict
+from .writer import EpisodeWriter, VectorEpisodeWriter, write_episodes
 
 if TYPE_CHECKING:
     from .maintenance import VacuumReport, ValidationReport

@@ -41,12 +41,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from .commit import episode_stats
 from .errors import CorruptionError, ReadOnlyError, ValidationError
 from .schema import DatasetSchema, FieldSpec, from_storage
 from .snapshot import flatten_lists
 from .table import STAT_PARTS, arrow_schema, has_stats, stat_column
 from .tensors import TensorArray, array_parts, read_many
-from .writer import episode_stats
 
 if TYPE_CHECKING:
     from .dataset import Dataset

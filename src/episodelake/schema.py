@@ -351,7 +351,7 @@ def infer_schema(episode: Mapping[str, Any]) -> DatasetSchema:
     with a leading time axis or (nested) dicts of them; ``meta`` is a dict of
     per-episode values. A plain array becomes a field named after its role.
     """
-    from .writer import EPISODE_KEYS  # local: writer depends on schema
+    from .validation import EPISODE_KEYS  # local: validation depends on schema
 
     fields: list[FieldSpec] = []
     for key, role in EPISODE_KEYS.items():
