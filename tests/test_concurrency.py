@@ -21,7 +21,7 @@ import pytest
 
 import episodelake as el
 
-from .workers.common import assert_all_match, crash_schema, episode, origins
+from .workers.common import assert_all_match, crash_schema, episode, one_commit_per_episode, origins
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -118,10 +118,7 @@ def test_concurrent_appends_many_commits(tmp_path):
 def test_compaction_from_a_stale_handle_duplicates_nothing(tmp_path):
     """deltalake would let a second compaction of already-compacted files commit, duplicating their rows."""
     path = str(tmp_path / "ds")
-    ds = el.Dataset.create(crash_schema(), path, partition_by=["task"])
-    for i in range(5):
-        ds.append_episodes([episode(0, i).as_dict(unwrap_action=True)])
-        ds.flush()
+    ds = one_commit_per_episode(path, 5)
     stale = el.Dataset.open(path)
     ds.compact()
     stale.compact()

@@ -19,7 +19,7 @@ from episodelake.cli import main
 
 from .test_bad_input import tree_digest
 from .test_crash import ForkServer
-from .workers.common import assert_all_match, crash_schema, episode, origins
+from .workers.common import assert_all_match, crash_schema, episode, one_commit_per_episode, origins
 
 
 def crash(server: ForkServer, path: str, seed: int, kind: str, at: int, episodes: int = 4) -> None:
@@ -91,10 +91,7 @@ def test_vacuum_removes_crash_leftovers_only(tmp_path, capsys):
 
 def test_vacuum_after_compaction_keeps_the_latest_version(tmp_path):
     path = str(tmp_path / "ds")
-    ds = el.Dataset.create(crash_schema(), path, partition_by=["task"])
-    for i in range(6):
-        ds.append_episodes([episode(0, i).as_dict(unwrap_action=True)])
-        ds.flush()
+    ds = one_commit_per_episode(path, 6)
     old = ds.version
     ds.compact()
     kept = ds.vacuum()  # default retention: the compacted-away files are fresh, they stay

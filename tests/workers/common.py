@@ -22,6 +22,15 @@ def crash_schema() -> el.DatasetSchema:
     return el.DatasetSchema([*robot_schema().fields, *extra])
 
 
+def one_commit_per_episode(path: str, count: int, seed: int = 0) -> el.Dataset:
+    """A new dataset at ``path`` holding ``episode(seed, 0..count-1)``, one commit each."""
+    ds = el.Dataset.create(crash_schema(), path, partition_by=["task"])
+    for i in range(count):
+        ds.append_episodes([episode(seed, i).as_dict(unwrap_action=True)])
+        ds.flush()
+    return ds
+
+
 def episode(seed: int, index: int) -> RawEpisode:
     rng = np.random.default_rng([seed, index])
     raw = random_episode(rng, int(rng.integers(1, MAX_LENGTH + 1)))
