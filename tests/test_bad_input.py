@@ -10,11 +10,13 @@ nothing half-validated was left pending either).
 from __future__ import annotations
 
 import hashlib
+import inspect
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
+import gymnasium as gym
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -108,6 +110,16 @@ def ended_episode(ds: el.Dataset) -> el.EpisodeWriter:
     return w
 
 
+def vector(ds: el.Dataset) -> el.VectorEpisodeWriter:
+    obs = {"state": np.zeros((2, 5), np.float32), "camera": np.zeros((2, 3, 8, 8), np.uint8)}
+    return ds.vector_writer(obs, 2, meta={"task": "pick"})
+
+
+def first(ds: el.Dataset) -> el.DatasetView:
+    """A view holding only the dataset's first episode."""
+    return ds.where(f"episode_id = {int(ds.episode_ids[0])}")
+
+
 ended_then_step = Staged(ended_episode, lambda ds, state: state.add_step(step()))
 ended_then_finish = Staged(ended_episode, lambda ds, state: state.finish())
 
@@ -195,7 +207,91 @@ CASES: list[tuple[str, Callable[[el.Dataset], object], type[Exception], str]] = 
     ("compact read-only", lambda ds: el.Dataset.open(ds.location.url, read_only=True).compact(), el.ReadOnlyError, r"read-only"),
     ("vacuum read-only", lambda ds: el.Dataset.open(ds.location.url, read_only=True).vacuum(), el.ReadOnlyError, r"read-only"),
     ("vacuum negative retention", lambda ds: ds.vacuum(retention_hours=-1), el.ValidationError, r"retention_hours must be >= 0"),
+    # outcome meta: set_meta, add_step(meta=), finish(**meta), FieldSpec(required=)
+    ("set_meta unknown", lambda ds: ds.new_episode(init_obs(), task="pick").set_meta(who=1), el.ValidationError, r"unknown meta field\(s\) \['who'\]"),
+    ("set_meta wrong type", lambda ds: ds.new_episode(init_obs(), task="pick").set_meta(task=5), el.ValidationError, r"meta field 'task' must be str"),
+    ("set_meta after the end", Staged(ended_episode, lambda ds, state: state.set_meta(success=True)), el.EpisodeStateError, r"already finished"),
+    ("add_step meta unknown", stepped(1, {**step(), "meta": None}), el.ValidationError, r"step 1: unknown key 'meta'"),
+    ("add_step meta= wrong type", lambda ds: ds.new_episode(init_obs(), task="pick").add_step(step(), meta={"success": "yes"}), el.ValidationError, r"step 0: field 'success' has dtype"),
+    ("finish meta unknown", lambda ds: stepped(0, step())(ds).finish(who=1), el.ValidationError, r"unknown meta field\(s\) \['who'\]"),
+    ("required not bool", lambda ds: el.FieldSpec("x", (), "bool", role="meta", required="yes"), el.SchemaError, r"field 'x': required must be a bool"),
+    ("required step field", lambda ds: el.FieldSpec("x", (), "float32", required=True), el.SchemaError, r"field 'x': only meta fields can be required"),
+    ("vector set_meta env", lambda ds: vector(ds).set_meta(5, task="x"), IndexError, r"env index 5 out of range for 2"),
+    ("vector set_meta unknown", lambda ds: vector(ds).set_meta(0, who="x"), el.ValidationError, r"unknown meta field\(s\) \['who'\]"),
+    # writers: check_step, discard, vector writer sizes
+    ("check_step unknown key", lambda ds: ds.new_episode(init_obs(), task="pick").check_step({**step(), "foo": 1}), el.ValidationError, r"step 0: unknown key 'foo'"),
+    ("discard after the end", Staged(ended_episode, lambda ds, state: state.discard()), el.EpisodeStateError, r"already ended"),
+    ("vector zero envs", lambda ds: ds.vector_writer(init_obs(), 0), el.ValidationError, r"num_envs"),
+    ("from_episodes nothing", lambda ds: el.Dataset.from_episodes([], ds.location.url + "-2"), el.ValidationError, r"cannot infer a schema from zero episodes"),
+    ("infer str step field", lambda ds: el.infer_schema({"observations": np.array(["a", "b"]), "actions": np.zeros(1), "rewards": np.zeros(1)}), el.SchemaError, r"field 'observation': str dtype"),
+    ("gym unsupported space", lambda ds: el.schema_from_gym_spaces(gym.spaces.Graph(gym.spaces.Box(0, 1, (2,)), None), gym.spaces.Discrete(2)), el.SchemaError, r"unsupported gym space Graph for observation"),
+    ("read stop float", lambda ds: ds.episode(0).read(0, 1.5), TypeError, r"stop must be an int"),
+    # queries
+    ("sql syntax", lambda ds: ds.sql("SELEC 1"), el.QueryError, r"SQL error in 'SELEC 1'"),
+    ("sql_arrow syntax", lambda ds: ds.sql_arrow("SELEC 1"), el.QueryError, r"SQL error in 'SELEC 1'"),
+    ("sql_numpy syntax", lambda ds: ds.sql_numpy("SELEC 1"), el.QueryError, r"SQL error in 'SELEC 1'"),
+    ("where unknown column", lambda ds: ds.where("nope = 1"), el.QueryError, r"predicate 'nope = 1'.*\"nope\" not found"),
+    ("select without ids", lambda ds: ds.select_episodes("SELECT 1 AS x"), el.QueryError, r"must return an episode_id column"),
+    ("stats unknown field", lambda ds: ds.stats(["nope"]), el.QueryError, r"'nope' is not a numeric per-step field"),
+    ("view where unknown column", lambda ds: first(ds).where("nope = 1"), el.QueryError, r"\"nope\" not found"),
+    ("view index past the view", lambda ds: first(ds).episode(1), IndexError, r"episode index 1 out of range for 1"),
+    ("view id outside the view", lambda ds: first(ds).episode_by_id(int(ds.episode_ids.max())), KeyError, r"no episode with id"),
+    ("view select outside", lambda ds: first(ds).select_episodes(f"SELECT {int(ds.episode_ids[1])} AS episode_id"), el.QueryError, r"episode ids not in this view"),
+    ("view sql syntax", lambda ds: first(ds).sql("SELEC 1"), el.QueryError, r"SQL error in 'SELEC 1'"),
+    ("view sql_arrow syntax", lambda ds: first(ds).sql_arrow("SELEC 1"), el.QueryError, r"SQL error in 'SELEC 1'"),
+    ("view sql_numpy syntax", lambda ds: first(ds).sql_numpy("SELEC 1"), el.QueryError, r"SQL error in 'SELEC 1'"),
+    ("view stats unknown field", lambda ds: first(ds).stats(["nope"]), el.QueryError, r"'nope' is not a numeric"),
+    ("view segments length 0", lambda ds: first(ds).segments(0), el.ValidationError, r"sequence_length must be a positive int"),
+    ("view stream batch 0", lambda ds: first(ds).segment_stream(sequence_length=2, batch_size=0), el.ValidationError, r"batch_size must be a positive int"),
+    ("view transitions gamma", lambda ds: first(ds).sample_transitions(2, gamma=-1), el.ValidationError, r"gamma must be a number"),
+    ("view copy bad compression", lambda ds: first(ds).copy_to(None, compression="lz4"), el.SchemaError, r"compression must be"),
+    ("view nothing to sample", lambda ds: ds.where("length > 100").segment_stream(sequence_length=2), el.ValidationError, r"no segments to sample"),
+    # copies
+    ("copy onto itself", lambda ds: ds.copy_to(ds.location.url), el.LocationError, r"cannot copy .* onto itself"),
+    ("copy bad compression", lambda ds: ds.copy_to(None, compression="lz4"), el.SchemaError, r"field 'camera': compression"),
+    ("copy bad chunk_rows", lambda ds: ds.copy_to(None, chunk_rows=0), el.SchemaError, r"field 'camera': chunk_rows"),
+    ("copy unknown field key", lambda ds: ds.copy_to(None, chunk_rows={"nope": 3}), el.ValidationError, r"'nope'"),
+    # samplers: every argument of segments(), segment_stream() and sample_transitions()
+    ("segments length 0", lambda ds: ds.segments(0), el.ValidationError, r"sequence_length must be a positive int, got 0"),
+    ("segments stride 0", lambda ds: ds.segments(2, stride=0), el.ValidationError, r"stride must be a positive int, got 0"),
+    ("segments bad pad", lambda ds: ds.segments(2, pad="middle"), el.ValidationError, r"pad must be 'suffix', 'prefix' or None, got 'middle'"),
+    ("segments rank too large", lambda ds: ds.segments(2, shard=(2, 2)), el.ValidationError, r"shard rank must be an int in \[0, 2\), got 2"),
+    ("segments where", lambda ds: ds.segments(2, where="nope = 1"), el.QueryError, r"predicate 'nope = 1'"),
+    ("segments filter", lambda ds: ds.segments(2, filter=3), el.ValidationError, r"filter must be callable, got int"),
+    ("segments getitem float", lambda ds: ds.segments(2)[0.5], TypeError, r"segment index must be an int, got float"),
+    ("collate nothing", lambda ds: ds.segments(2).collate([]), el.ValidationError, r"collate needs at least one segment"),
+    ("stream no length", lambda ds: ds.segment_stream(batch_size=2), el.ValidationError, r"give sequence_length"),
+    ("stream context only", lambda ds: ds.segment_stream(sequence_length=2, context_length=1), el.ValidationError, r"give both context_length and target_length"),
+    ("stream target 0", lambda ds: ds.segment_stream(context_length=1, target_length=0), el.ValidationError, r"target_length must be a positive int, got 0"),
+    ("stream lengths disagree", lambda ds: ds.segment_stream(sequence_length=3, context_length=1, target_length=1), el.ValidationError, r"sequence_length=3 disagrees"),
+    ("stream batch 0", lambda ds: ds.segment_stream(sequence_length=2, batch_size=0), el.ValidationError, r"batch_size must be a positive int, got 0"),
+    ("stream seed str", lambda ds: ds.segment_stream(sequence_length=2, seed="abc"), el.ValidationError, r"seed"),
+    ("stream bad pad", lambda ds: ds.segment_stream(sequence_length=2, pad="middle"), el.ValidationError, r"pad must be"),
+    ("stream stride 0", lambda ds: ds.segment_stream(sequence_length=2, stride=0), el.ValidationError, r"stride must be a positive int"),
+    ("stream where", lambda ds: ds.segment_stream(sequence_length=2, where="nope = 1"), el.QueryError, r"predicate 'nope = 1'"),
+    ("stream filter", lambda ds: ds.segment_stream(sequence_length=2, filter="x"), el.ValidationError, r"filter must be callable, got str"),
+    ("stream weights column", lambda ds: ds.segment_stream(sequence_length=2, weights="nope"), el.QueryError, r"\"nope\" not found"),
+    ("stream weights count", lambda ds: ds.segment_stream(sequence_length=2, weights=[1.0]), el.ValidationError, r"weights: expected one value per episode \(2\)"),
+    ("stream weights negative", lambda ds: ds.segment_stream(sequence_length=2, weights=[1.0, -1.0]), el.ValidationError, r"weights: episode #1 has weight"),
+    ("stream weights finite", lambda ds: ds.segment_stream(sequence_length=2, shuffle=False, weights="1"), el.ValidationError, r"weights apply to the default with-replacement sampler"),
+    ("stream sampler", lambda ds: ds.segment_stream(sequence_length=2, sampler=object()), el.ValidationError, r"sampler must have a sample"),
+    ("stream shard world 0", lambda ds: ds.segment_stream(sequence_length=2, shard=(0, 0)), el.ValidationError, r"shard world_size must be a positive int"),
+    ("stream prefetch", lambda ds: ds.segment_stream(sequence_length=2, prefetch=-1), el.ValidationError, r"prefetch must be an int >= 0, got -1"),
+    ("stream foreign state", lambda ds: ds.segment_stream(sequence_length=2).load_state_dict({"format": 0}), el.ValidationError, r"state_dict: format is 0"),
+    ("stream infinite len", lambda ds: len(ds.segment_stream(sequence_length=2)), TypeError, r"an infinite stream has no length"),
+    ("transitions batch 0", lambda ds: ds.sample_transitions(0), el.ValidationError, r"batch_size must be a positive int, got 0"),
+    ("transitions n_step 0", lambda ds: ds.sample_transitions(2, n_step=0), el.ValidationError, r"n_step must be a positive int, got 0"),
+    ("transitions gamma", lambda ds: ds.sample_transitions(2, gamma=2), el.ValidationError, r"gamma must be a number in \[0, 1\], got 2"),
+    ("transitions history", lambda ds: ds.sample_transitions(2, history=0), el.ValidationError, r"history must be a positive int, got 0"),
+    ("transitions horizon", lambda ds: ds.sample_transitions(2, horizon=-1), el.ValidationError, r"horizon must be a positive int, got -1"),
+    ("transitions seed str", lambda ds: ds.sample_transitions(2, seed="abc"), el.ValidationError, r"seed"),
+    ("transitions rng int", lambda ds: ds.sample_transitions(2, rng=5), el.ValidationError, r"rng must be a numpy.random.Generator"),
+    ("transitions where", lambda ds: ds.sample_transitions(2, where="nope = 1"), el.QueryError, r"predicate 'nope = 1'"),
+    ("transitions filter", lambda ds: ds.sample_transitions(2, filter=1), el.ValidationError, r"filter must be callable, got int"),
 ]  # fmt: skip
+
+# Rejections the code does not make yet (areas no one is fixing now): each case fails until the bug is fixed.
+KNOWN_BUGS: dict[str, str] = {}
 
 
 @pytest.fixture
@@ -206,7 +302,15 @@ def populated(tmp_path):
     return ds
 
 
-@pytest.mark.parametrize(("name", "call", "exc", "pattern"), CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(
+    ("name", "call", "exc", "pattern"),
+    [
+        pytest.param(
+            *c, id=c[0], marks=[pytest.mark.xfail(strict=True, reason=KNOWN_BUGS[c[0]])] if c[0] in KNOWN_BUGS else []
+        )
+        for c in CASES
+    ],
+)
 def test_rejected_input_changes_nothing(populated, name, call, exc, pattern):
     root = populated.location.path
     if isinstance(call, Staged):
@@ -222,8 +326,159 @@ def test_rejected_input_changes_nothing(populated, name, call, exc, pattern):
     assert len(el.Dataset.open(root)) == count
 
 
+# Which rows cover each public call, and for the samplers and copy_to each argument ("Class.method" or
+# "Class.method(arg)"). Calls without parameters need no row; parameters listed in ANY_VALUE accept every value.
+COVERS: dict[str, list[str]] = {
+    "Dataset.create": ["create over existing", "create partition by step field", "create with a non-schema"],
+    "Dataset.open": ["unknown version", "negative version", "version as str", "open missing dataset", "open unknown option", "open unsupported URL"],
+    "Dataset.from_episodes": ["from_episodes nothing"],
+    "Dataset.new_episode": ["init missing field", "init unknown field", "init wrong shape", "init wrong dtype", "init out of range", "init infinity", "init not a dict", "meta unknown", "meta wrong type", "meta oversize string", "meta bool from str"],
+    "Dataset.vector_writer": ["vector bad mode", "vector zero envs"],
+    "Dataset.append_episodes": ["episode no steps", "episode missing rewards", "episode unknown key", "episode rewards length", "episode obs length", "episode early flag", "episode both flags", "episode NaN reward", "episode meta unknown", "batch good then bad", "write read-only", "write past version"],
+    "Dataset.validate_episode": ["validate_episode"],
+    "Dataset.episode": ["episode index too large", "episode index too negative", "episode index float", "episode index bool"],
+    "Dataset.episode_by_id": ["unknown episode id"],
+    "Dataset.sql": ["sql syntax"],
+    "Dataset.sql_arrow": ["sql_arrow syntax"],
+    "Dataset.sql_numpy": ["sql_numpy syntax"],
+    "Dataset.where": ["where unknown column"],
+    "Dataset.select_episodes": ["select without ids"],
+    "Dataset.stats": ["stats unknown field"],
+    "Dataset.segments": ["segments length 0"],
+    "Dataset.segment_stream": ["stream no length"],
+    "Dataset.sample_transitions": ["transitions batch 0"],
+    "Dataset.copy_to": ["copy onto itself"],
+    "Dataset.copy_to(dest)": ["copy onto itself"],
+    "Dataset.copy_to(compression)": ["copy bad compression"],
+    "Dataset.copy_to(chunk_rows)": ["copy bad chunk_rows", "copy unknown field key"],
+    "Dataset.compact": ["compact read-only"],
+    "Dataset.vacuum": ["vacuum read-only", "vacuum negative retention"],
+    "DatasetView.where": ["view where unknown column"],
+    "DatasetView.episode": ["view index past the view"],
+    "DatasetView.episode_by_id": ["view id outside the view"],
+    "DatasetView.select_episodes": ["view select outside"],
+    "DatasetView.sql": ["view sql syntax"],
+    "DatasetView.sql_arrow": ["view sql_arrow syntax"],
+    "DatasetView.sql_numpy": ["view sql_numpy syntax"],
+    "DatasetView.stats": ["view stats unknown field"],
+    "DatasetView.segments": ["view segments length 0"],
+    "DatasetView.segment_stream": ["view stream batch 0", "view nothing to sample"],
+    "DatasetView.sample_transitions": ["view transitions gamma"],
+    "DatasetView.copy_to": ["view copy bad compression"],
+    "EpisodeRef.read": ["read negative start", "read past the end", "read empty range", "read stop float"],
+    "EpisodeWriter.add_step": ["add_step meta unknown", "add_step meta= wrong type", "step missing action", "step unknown key", "step role twice", "step action shape", "step action dtype", "step reward NaN", "step reward inf", "step obs inf", "step obs missing", "step both flags", "step flag not bool", "step flag array", "step after the end"],
+    "EpisodeWriter.check_step": ["check_step unknown key"],
+    "EpisodeWriter.finish": ["finish after the end", "empty episode", "finish meta unknown"],
+    "EpisodeWriter.discard": ["discard after the end"],
+    "EpisodeWriter.set_meta": ["set_meta unknown", "set_meta wrong type", "set_meta after the end"],
+    "VectorEpisodeWriter.set_meta": ["vector set_meta env", "vector set_meta unknown"],
+    "VectorEpisodeWriter.add_steps": ["vector bad env row"],
+    "SegmentDataset.collate": ["collate nothing"],
+    "SegmentDataset.__getitem__": ["segments getitem float"],
+    "SegmentStream.load_state_dict": ["stream foreign state"],
+    "SegmentStream.__len__": ["stream infinite len"],
+    "infer_schema": ["infer str step field"],
+    "schema_from_gym_spaces": ["gym unsupported space"],
+    "SegmentDataset(sequence_length)": ["segments length 0"],
+    "SegmentDataset(pad)": ["segments bad pad"],
+    "SegmentDataset(stride)": ["segments stride 0"],
+    "SegmentDataset(where)": ["segments where"],
+    "SegmentDataset(filter)": ["segments filter"],
+    "SegmentDataset(shard)": ["segments rank too large"],
+    "SegmentStream(sequence_length)": ["stream no length", "stream lengths disagree"],
+    "SegmentStream(context_length)": ["stream context only"],
+    "SegmentStream(target_length)": ["stream target 0"],
+    "SegmentStream(batch_size)": ["stream batch 0"],
+    "SegmentStream(seed)": ["stream seed str"],
+    "SegmentStream(pad)": ["stream bad pad"],
+    "SegmentStream(stride)": ["stream stride 0"],
+    "SegmentStream(where)": ["stream where"],
+    "SegmentStream(filter)": ["stream filter"],
+    "SegmentStream(weights)": ["stream weights column", "stream weights count", "stream weights negative", "stream weights finite"],
+    "SegmentStream(sampler)": ["stream sampler"],
+    "SegmentStream(shard)": ["stream shard world 0"],
+    "SegmentStream(prefetch)": ["stream prefetch"],
+    "sample_transitions(batch_size)": ["transitions batch 0"],
+    "sample_transitions(n_step)": ["transitions n_step 0"],
+    "sample_transitions(gamma)": ["transitions gamma"],
+    "sample_transitions(history)": ["transitions history"],
+    "sample_transitions(horizon)": ["transitions horizon"],
+    "sample_transitions(seed)": ["transitions seed str"],
+    "sample_transitions(rng)": ["transitions rng int"],
+    "sample_transitions(where)": ["transitions where"],
+    "sample_transitions(filter)": ["transitions filter"],
+}  # fmt: skip
+
+ANY_VALUE = {
+    "Dataset.validate": "tensors is a flag: any truthy/falsy value is meaningful",
+    "VectorEpisodeWriter.close": "finish_open is a flag",
+    "SegmentStream(shuffle)": "a flag",
+    "SegmentStream(replacement)": "a flag",
+    "SegmentStream(drop_last)": "a flag",
+    "Dataset.copy_to(storage_options)": "passed to fsspec; a bad option fails at the store, not here",
+    "Dataset.copy_to(overwrite)": "a flag",
+    "Dataset.copy_to(progress)": "a flag (None: only on a terminal)",
+    "Dataset.copy_to(verify)": "a flag",
+    "Dataset.copy_to(batch_bytes)": "a memory bound; any positive or not, the copy still completes",
+}
+
+# Arguments added by work in progress elsewhere (sharding): a row belongs with that work.
+PENDING = {"SegmentStream(shard_policy)"}
+
+NOT_ARGUMENTS = {"self", "collection", "args", "kwargs"}
+
+
+def public_calls() -> dict[str, inspect.Signature]:
+    """Every public method of the user-facing classes and every function el exports, by qualified name,
+    plus ``"Name(arg)"`` for each argument of the samplers and of copy_to (checked one by one)."""
+    from episodelake.copy import copy_to
+    from episodelake.sampling import SegmentDataset, SegmentStream
+    from episodelake.transitions import sample_transitions
+
+    out: dict[str, inspect.Signature] = {}
+    classes = (
+        el.Dataset,
+        el.DatasetView,
+        el.EpisodeRef,
+        el.EpisodeWriter,
+        el.VectorEpisodeWriter,
+        SegmentStream,
+        SegmentDataset,
+    )
+    for cls in classes:
+        for name, member in inspect.getmembers(cls):
+            public = not name.startswith("_") or name in ("__getitem__", "__len__")
+            if public and (inspect.isfunction(member) or inspect.ismethod(member)):
+                out[f"{cls.__name__}.{name}"] = inspect.signature(member)
+    for name in el.__all__:
+        if inspect.isfunction(getattr(el, name)):
+            out[name] = inspect.signature(getattr(el, name))
+    per_argument = {
+        "SegmentDataset": SegmentDataset.__init__,
+        "SegmentStream": SegmentStream.__init__,
+        "sample_transitions": sample_transitions,
+        "Dataset.copy_to": copy_to,
+    }  # fmt: skip
+    for owner, fn in per_argument.items():
+        sig = inspect.signature(fn)
+        for param in sig.parameters:
+            if param not in NOT_ARGUMENTS:
+                out[f"{owner}({param})"] = sig
+    return out
+
+
 def test_matrix_covers_every_public_call():
-    assert len(CASES) >= 65
+    """Every public call that takes input (and every sampler/copy argument) has a row in the matrix."""
+    names = {c[0] for c in CASES}
+    assert len(names) == len(CASES), "case names must be unique"
+    unknown = {k: [n for n in v if n not in names] for k, v in COVERS.items()}
+    assert not {k: v for k, v in unknown.items() if v}, f"COVERS names rows that do not exist: {unknown}"
+    calls = public_calls()
+    stale = sorted((set(COVERS) | set(ANY_VALUE)) - set(calls))
+    assert not stale, f"COVERS/ANY_VALUE name calls that do not exist: {stale}"
+    takes_input = {name for name, sig in calls.items() if "(" in name or set(sig.parameters) - {"self", "cls"}}
+    uncovered = sorted(takes_input - set(COVERS) - set(ANY_VALUE) - PENDING)
+    assert not uncovered, f"public calls without a bad-input row: {uncovered}"
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -26,6 +26,7 @@ import pytest
 import episodelake as el
 
 from .workers.common import assert_all_match, assert_matches, crash_schema, episode, origins
+from .workers.writer import parquet_files
 
 ROOT = Path(__file__).resolve().parents[1]
 CRASHES = ("none", "step", "tensor", "before-commit", "parquet", "after-commit")
@@ -45,12 +46,18 @@ class ForkServer:
         )
 
     def run(self, cmd: dict, kill_after: int | None) -> tuple[list[int], list[str]]:
-        """Run one trial; SIGKILL the child after its ``kill_after``-th output line. Returns committed indices."""
+        """Run one trial; returns (committed indices, output lines).
+
+        The child pauses after each ``episode``/``committed`` line and at its ``point NAME`` kill
+        point. The parent SIGKILLs it at the ``kill_after``-th such line (1-based) or at any kill
+        point, and lets it go on (SIGUSR1) otherwise, so where a child dies never depends on timing.
+        """
         self.proc.stdin.write(json.dumps(cmd) + "\n")
         self.proc.stdin.flush()
         committed: list[int] = []
         lines: list[str] = []
         child = None
+        pauses = 0
         while True:
             line = self.proc.stdout.readline()
             assert line, "the fork server died"
@@ -60,10 +67,13 @@ class ForkServer:
             lines.append(line.strip())
             if word == "pid":
                 child = int(rest)
-            elif word == "committed":
+                continue
+            if word == "committed":
                 committed += [int(i) for i in rest.split()]
-            if kill_after is not None and len(lines) == kill_after:
-                os.kill(child, signal.SIGKILL)
+            if word in ("episode", "committed", "point"):
+                pauses += 1
+                kill = word == "point" or pauses == kill_after
+                os.kill(child, signal.SIGKILL if kill else signal.SIGUSR1)
 
     def close(self) -> None:
         self.proc.stdin.close()
@@ -87,7 +97,7 @@ def check_dataset(path: str, committed: set, attempted: set, checked: set) -> el
     return ds
 
 
-def run_trials(path: str, trials: int, seed: int) -> dict[str, int]:
+def run_trials(path: str, trials: int, seed: int) -> Counter:
     el.Dataset.create(crash_schema(), path, partition_by=["task"])
     rng = np.random.default_rng(seed)
     committed: set[tuple[int, int]] = set()
@@ -111,17 +121,19 @@ def run_trials(path: str, trials: int, seed: int) -> dict[str, int]:
                 "crash": crash,
                 "at": int(rng.integers(0, steps if crash == "step" else commits)),
             }
-            # "none" trials: the parent kills after a random output line (pid, episodes, commits, done)
-            kill_after = int(rng.integers(1, 2 + n + commits)) if crash == "none" else None
+            # "none" trials: the parent kills at one of the child's n + commits pauses
+            kill_after = int(rng.integers(1, 1 + n + commits)) if crash == "none" else None
             done, lines = server.run(cmd, kill_after)
-            assert not any(line.startswith("error") for line in lines), lines
+            assert not any(line.startswith(("error", "done")) for line in lines), lines
+            points = [line.split()[1] for line in lines if line.startswith("point ")]
+            assert set(points) == (set() if crash == "none" else {crash}), (crash, lines)
+            figures[f"killed at {crash}"] += 1
             attempted |= {(t, i) for i in range(n)}
             committed |= {(t, i) for i in done}
             ds = check_dataset(path, committed, attempted, checked)
             if t % 40 == 39:  # short-lived writers never reach the automatic compaction interval
                 ds.compact()
             figures["trials"] += 1
-            figures["killed"] += "done" not in lines
             figures["episodes_attempted"] += n
             figures["episodes_reported_committed"] += len(done)
         figures["episodes_visible"] = len(ds)
@@ -131,31 +143,44 @@ def run_trials(path: str, trials: int, seed: int) -> dict[str, int]:
     return figures
 
 
+def unreferenced_parquet(path: str) -> set[str]:
+    """Data files on disk that the latest table version does not reference (read with deltalake alone)."""
+    from deltalake import DeltaTable
+
+    live = {os.path.normpath(u.removeprefix("file://")) for u in DeltaTable(os.path.join(path, "episodes")).file_uris()}
+    return {os.path.normpath(f) for f in parquet_files(path)} - live
+
+
 def finish_and_vacuum(path: str) -> None:
-    """After the crashes: a new writer continues, vacuum clears leftovers, everything validates."""
+    """After the crashes: a new writer continues; vacuum removes exactly the leftovers; everything validates."""
     ds = el.Dataset.open(path)
     before = origins(ds)
     raw = episode(10_000, 0)
     ds.append_episodes([raw.as_dict(unwrap_action=True)])
     ds.flush()
+    orphans = unreferenced_parquet(path)
+    writers = set(ds.snapshot().index["writer"].tolist())
     report = ds.vacuum(retention_hours=0)
+    assert orphans, "the parquet crashes left no uncommitted data file"
+    assert {os.path.normpath(f) for f in report.table_files} == orphans
+    assert not any(os.path.exists(f) for f in orphans)
+    assert report.tensor_arrays, "writers killed before their first commit left arrays behind"
+    for array in report.tensor_arrays:  # only arrays of writers no committed episode references
+        assert not any(f"/tensors/{w}" in array for w in writers), array
+        assert not os.path.exists(array)
     ds = el.Dataset.open(path)
     assert origins(ds) == [*before, (10_000, 0)]
     assert_all_match(ds, [episode(*o) for o in origins(ds)])
     ds.validate().raise_if_failed()
-    assert ds.vacuum(dry_run=True, retention_hours=0).tensor_arrays == []
-    print(
-        f"vacuum removed {len(report.table_files)} table files, {len(report.tensor_arrays)} writer arrays, "
-        f"truncated {len(report.truncated)} arrays, {report.unreclaimed_rows} rows left in gaps"
-    )
+    again = ds.vacuum(dry_run=True, retention_hours=0)
+    assert (again.table_files, again.tensor_arrays, again.truncated) == ([], [], [])
 
 
 def test_sigkill_trials(tmp_path):
     path = str(tmp_path / "ds")
-    figures = run_trials(path, trials=56, seed=0)
-    print("crash trials:", dict(figures))
-    assert figures["trials"] == 56 and figures["episodes_lost"] == 0
-    assert figures["killed"] >= 50  # (a parent kill after the last line may find the child done)
+    figures = run_trials(path, trials=36, seed=0)
+    assert figures["trials"] == 36 and figures["episodes_lost"] == 0
+    assert {k: figures[f"killed at {k}"] for k in CRASHES} == {k: 6 for k in CRASHES}  # every point hit, every time
     finish_and_vacuum(path)
 
 
@@ -163,6 +188,5 @@ def test_sigkill_trials(tmp_path):
 def test_sigkill_trials_long(tmp_path):
     path = str(tmp_path / "ds")
     figures = run_trials(path, trials=200, seed=1)
-    print("crash trials (slow):", dict(figures))
-    assert figures["episodes_lost"] == 0
+    assert figures["episodes_lost"] == 0 and sum(figures[f"killed at {k}"] for k in CRASHES) == 200
     finish_and_vacuum(path)

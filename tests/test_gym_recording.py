@@ -14,9 +14,12 @@ from episodelake.integrations.gymnasium import (
     RecordEpisodes,
     RecordVectorEpisodes,
     dataset_for_env,
+    schema_for_env,
     space_from_json,
     space_to_json,
 )
+
+from .journeys.scripts.reach_env import ENV_ID as REACH  # importing registers the env
 
 
 class DictMultiDiscreteEnv(gym.Env):
@@ -275,3 +278,242 @@ def test_vector_recorder_rejects_disabled_autoreset():
     venv = SyncVectorEnv([lambda: make("CartPole-v1")], autoreset_mode=AutoresetMode.DISABLED)
     with pytest.raises(el.ValidationError, match="autoreset"):
         RecordVectorEpisodes(venv, None)
+
+
+# ---------------------------------------------------------------- info fields and outcomes
+
+
+def reach_plain_loop(seeds, actions):
+    """Ground truth by a plain Gymnasium loop: per episode (obs rows, infos, success at the last step)."""
+    env = gym.make(REACH)
+    out = []
+    for seed, plan in zip(seeds, actions, strict=True):
+        obs, _ = env.reset(seed=seed)
+        rows, infos = [obs], []
+        for a in plan:
+            obs, _, te, tr, info = env.step(a)
+            rows.append(obs)
+            infos.append(info)
+            if te or tr:
+                break
+        out.append((np.stack(rows), infos))
+    return out
+
+
+def check_reach_episode(ep, rows, infos):
+    seg = ep.read()
+    np.testing.assert_array_equal(seg.all_obs, rows)
+    np.testing.assert_array_equal(seg.extra["reward_dist"], [i["reward_dist"] for i in infos])
+    np.testing.assert_array_equal(seg.extra["pos"], np.stack([i["pos"] for i in infos]))
+    assert ep.meta["success"] == infos[-1]["is_success"]
+
+
+@pytest.mark.parametrize("declared", [False, True])
+def test_record_info_keys_and_outcome_match_plain_loop(declared, tmp_path):
+    seeds = list(range(12))
+    plan = [[int(a) for a in np.random.default_rng(s).integers(0, 5, 20)] for s in seeds]
+    declarations = {}
+    if declared:
+        declarations["schema"] = schema_for_env(
+            gym.make(REACH),
+            extra_fields=[
+                el.FieldSpec("reward_dist", (), "float64", role="extra"),
+                el.FieldSpec("pos", (2,), "float32", role="extra"),
+            ],
+            meta_fields=[el.FieldSpec("success", (), "bool", role="meta")],
+        )
+    rec = RecordEpisodes(
+        gym.make(REACH),
+        str(tmp_path / "ds"),
+        info_keys=["reward_dist", "pos"],
+        outcome={"success": "is_success"},
+        compression="zstd",
+        **declarations,
+    )
+    if declared:  # every field is declared: the dataset exists before the first step
+        assert rec.dataset.schema["success"].dtype == "bool"
+    else:  # the types come from the first step's info: the dataset is created then
+        with pytest.raises(el.EpisodeStateError, match="first step"):
+            rec.dataset  # noqa: B018
+    for seed, actions in zip(seeds, plan, strict=True):
+        rec.reset(seed=seed)
+        for a in actions:
+            _, _, te, tr, _ = rec.step(a)
+            if te or tr:
+                break
+    rec.close()
+    ref = reach_plain_loop(seeds, plan)
+    ds = el.Dataset.open(str(tmp_path / "ds"))
+    successes = [infos[-1]["is_success"] for _, infos in ref]
+    assert 0 < sum(successes) < len(seeds)  # both outcomes occur
+    assert len(ds) == len(seeds)
+    for i, (rows, infos) in enumerate(ref):
+        check_reach_episode(ds.episode(i), rows, infos)
+        assert ds.episode(i).meta["seed"] == seeds[i] and ds.episode(i).meta["env_id"] == REACH
+    assert sorted(ds.where("success").episode_ids) == sorted(
+        ds.episode(i).episode_id for i, s in enumerate(successes) if s
+    )
+    schema = ds.schema
+    assert (schema["extra/reward_dist"].dtype, schema["extra/reward_dist"].shape) == ("float64", ())
+    assert (schema["extra/pos"].dtype, schema["extra/pos"].shape) == ("float32", (2,))
+    assert schema["success"].dtype == "bool" and schema["observation"].compression == "zstd"
+    zarr = json.loads(next((tmp_path / "ds").rglob("observation/zarr.json")).read_text())
+    assert "zstd" in json.dumps(zarr["codecs"])
+
+
+def vector_reach_reference(num_envs, seed, actions, mode):
+    """Per env i: (obs rows, step infos) of each episode, from a plain single-env loop replaying the actions."""
+    out = []
+    for i in range(num_envs):
+        env = gym.make(REACH)
+        obs, _ = env.reset(seed=seed + i)
+        episodes, rows, infos, pending = [], [obs], [], False
+        for t in range(len(actions)):
+            if pending:  # next_step: this row resets env i
+                obs, _ = env.reset()
+                rows, infos, pending = [obs], [], False
+                continue
+            obs, _, te, tr, info = env.step(actions[t][i])
+            rows.append(obs)
+            infos.append(info)
+            if te or tr:
+                episodes.append((np.stack(rows), infos))
+                if mode == AutoresetMode.NEXT_STEP:
+                    pending = True
+                else:
+                    obs, _ = env.reset()
+                    rows, infos = [obs], []
+        out.append(episodes)
+    return out
+
+
+@pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP])
+def test_vector_outcomes_match_plain_loop(mode):
+    num_envs, steps, seed = 3, 90, 100
+    venv = SyncVectorEnv([lambda: gym.make(REACH) for _ in range(num_envs)], autoreset_mode=mode)
+    rec = RecordVectorEpisodes(
+        venv, None, info_keys=["reward_dist", "pos"], outcome={"success": "is_success"}, commit_episodes=4
+    )
+    actions = np.random.default_rng(7).integers(0, 5, (steps, num_envs))
+    rec.reset(seed=seed)
+    for a in actions:
+        rec.step(a)
+    rec.close()
+    ds = rec.dataset
+    ref = vector_reach_reference(num_envs, seed, actions, mode)
+    assert len(ds) == sum(len(r) for r in ref)
+    assert 0 < len(ds.where("success")) < len(ds)
+    for i in range(num_envs):
+        mine = [ep for ep in ds.episodes() if ep.meta["env_index"] == i]
+        assert len(mine) == len(ref[i])
+        for ep, (rows, infos) in zip(mine, ref[i], strict=True):
+            check_reach_episode(ep, rows, infos)
+
+
+def test_outcome_of_kept_partial_episode_comes_from_its_last_step():
+    fields = [el.FieldSpec("success", (), "bool", role="meta"), el.FieldSpec("dist", (), "float64", role="meta")]
+    rec = RecordEpisodes(
+        gym.make(REACH),
+        None,
+        keep_partial=True,
+        outcome={"success": "is_success", "dist": "reward_dist", "missing": "no_such_key"},
+        meta_fields=[*fields, el.FieldSpec("missing", (), "int32", role="meta")],
+    )
+    rec.reset(seed=3)
+    for a in (0, 0):
+        _, _, _, _, info = rec.step(a)
+    rec.close()  # cuts the episode: kept, with the outcome of its last step
+    ep = rec.dataset.episode(0)
+    assert ep.length == 2 and not ep.terminated and not ep.truncated
+    assert ep.meta["success"] is not None and not ep.meta["success"]
+    assert ep.meta["dist"] == info["reward_dist"]
+    assert ep.meta["missing"] is None  # an info key absent at the last step gives null
+
+
+def test_missing_info_key_is_a_clear_error():
+    rec = RecordEpisodes(gym.make(REACH), None, info_keys=["reward_dist", "nope"])
+    rec.reset(seed=0)
+    with pytest.raises(el.ValidationError, match=r"step 0: info has no \['nope'\]"):
+        rec.step(0)
+    rec = RecordEpisodes(gym.make(REACH), None, outcome={"success": "nope"})
+    rec.reset(seed=0)
+    with pytest.raises(el.SchemaError, match=r"outcome 'success'.*'nope'.*declare"):
+        rec.step(0)
+
+
+def test_custom_schema_keeps_seed_and_env_id(tmp_path):
+    env = gym.make(REACH)
+    schema = el.DatasetSchema(
+        [
+            el.FieldSpec("observation", (3, 32, 32), "uint8", layout="CHW", compression="zstd"),
+            el.FieldSpec("action", (), "int64", role="action"),
+            el.FieldSpec("reward", (), "float32", role="reward"),
+            el.FieldSpec("task", (), "str", role="meta"),
+        ]
+    )
+    rec = RecordEpisodes(env, str(tmp_path / "ds"), schema=schema, meta={"task": "reach"}, keep_partial=True)
+    rec.reset(seed=42)
+    rec.step(0)
+    rec.close()
+    ep = el.Dataset.open(str(tmp_path / "ds")).episode(0)
+    assert ep.meta == {"task": "reach", "seed": 42, "env_id": REACH}
+    assert rec.dataset.schema["reward"].dtype == "float32"  # the passed schema's, not the default float64
+
+    bad = el.DatasetSchema([*schema, el.FieldSpec("seed", (), "str", role="meta")])
+    with pytest.raises(el.SchemaError, match="'seed' is str"):
+        RecordEpisodes(env, None, schema=bad)
+    with pytest.raises(el.SchemaError, match="env_index"):  # a single-env dataset for a vector recorder
+        RecordVectorEpisodes(SyncVectorEnv([lambda: gym.make(REACH)]), rec.dataset)
+    plain = el.Dataset.create(schema)
+    with pytest.raises(el.SchemaError, match=r"lacks the meta field\(s\) \['seed', 'env_id'\]"):
+        RecordEpisodes(env, plain)
+    with pytest.raises(el.SchemaError, match="no field for info key"):
+        RecordEpisodes(env, rec.dataset, info_keys=["pos"])
+
+
+def test_field_options_and_compression():
+    env = gym.make(REACH)
+    rec = RecordEpisodes(
+        env,
+        None,
+        compression="zstd",
+        field_options={"observation": {"chunk_rows": 8}, "reward": {"finite": True}},
+    )
+    obs = rec.dataset.schema["observation"]
+    assert (obs.chunk_rows, obs.compression, rec.dataset.schema["reward"].finite) == (8, "zstd", True)
+    assert rec.dataset.schema["action"].compression is None  # a table field: compression is for tensors
+    raw = RecordEpisodes(env, None, field_options={"observation": {"compression": None}}, compression="zstd")
+    assert raw.dataset.schema["observation"].compression is None  # per-field options win
+    with pytest.raises(el.SchemaError, match=r"unknown field\(s\) \['observation/rgb'\]"):
+        RecordEpisodes(env, None, field_options={"observation/rgb": {"chunk_rows": 8}})
+    with pytest.raises(el.SchemaError, match="field_options\\['observation'\\]"):
+        RecordEpisodes(env, None, field_options={"observation": {"chunk": 8}})
+    with pytest.raises(el.SchemaError, match="compression must be"):
+        RecordEpisodes(env, None, compression="gzip")
+    with pytest.raises(TypeError, match="compression"):
+        RecordEpisodes(env, rec.dataset, compression="zstd")
+
+
+def test_existing_path_fails_when_the_recorder_is_built(tmp_path):
+    path = str(tmp_path / "ds")
+    dataset_for_env(gym.make(REACH), path)
+    with pytest.raises(FileExistsError, match="overwrite=True"):  # before any step, though creation waits for one
+        RecordEpisodes(gym.make(REACH), path, info_keys=["pos"])
+    rec = RecordEpisodes(gym.make(REACH), path, info_keys=["pos"], overwrite=True)
+    rec.reset(seed=0)
+    rec.step(1)
+    assert rec.dataset.schema["extra/pos"].shape == (2,)
+
+
+def test_vector_kept_partial_episodes_get_their_last_step_outcome():
+    venv = SyncVectorEnv([lambda: gym.make(REACH) for _ in range(2)], autoreset_mode=AutoresetMode.SAME_STEP)
+    rec = RecordVectorEpisodes(venv, None, keep_partial=True, outcome={"dist": "reward_dist"})
+    rec.reset(seed=7)
+    for _ in range(3):
+        _, _, term, _, infos = rec.step(np.array([0, 0]))  # standing still: no episode ends
+        assert not term.any()
+    rec.close()  # cuts both episodes: kept, each with the outcome of its own last step
+    eps = {int(ep.meta["env_index"]): ep for ep in rec.dataset.episodes()}
+    assert [eps[i].length for i in range(2)] == [3, 3]
+    assert [eps[i].meta["dist"] for i in range(2)] == list(infos["reward_dist"])
+    assert len(set(infos["reward_dist"])) == 2  # the envs differ, so a mix-up would show

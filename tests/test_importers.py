@@ -46,8 +46,10 @@ def d4rl_reference(obs, actions, rewards, terminals, timeouts, next_obs=None):
     for i, (rows, te, tr) in enumerate(runs):
         if next_obs is not None:
             out.append(([obs[t] for t in rows] + [next_obs[rows[-1]]], rows, te, tr, i))
-        elif len(rows) > 1:
-            out.append(([obs[t] for t in rows], rows[:-1], False, False, i))
+        elif te:  # terminal without its next observation: every transition, last observation repeated
+            out.append(([obs[t] for t in rows] + [obs[rows[-1]]], rows, te, tr, i))
+        elif len(rows) > 1:  # timeout or unfinished: the last transition has no next observation
+            out.append(([obs[t] for t in rows], rows[:-1], te, tr, i))
     return [(np.stack(o), actions[r], rewards[r], te, tr, i) for o, r, te, tr, i in out]
 
 
@@ -130,6 +132,64 @@ def test_d4rl_next_observation_mismatch_names_row():
         import_dataset("d4rl", data, None)
     ds = import_dataset("d4rl", data, None, strict=False)  # observations are the truth inside an episode
     check_d4rl(ds, data, True)
+
+
+def readme_d4rl_data() -> dict[str, np.ndarray]:
+    """The README's D4RL example ("Coming from another format"), same seed."""
+    rng = np.random.default_rng(0)
+    return {
+        "observations": rng.normal(size=(1000, 11)).astype(np.float32),
+        "actions": rng.normal(size=(1000, 3)).astype(np.float32),
+        "rewards": rng.normal(size=1000).astype(np.float32),
+        "terminals": rng.random(1000) < 0.01,
+        "timeouts": np.arange(1000) % 200 == 199,
+    }
+
+
+def test_d4rl_without_next_observations_keeps_every_end_flag():
+    data = readme_d4rl_data()
+    terminals, timeouts, rewards = data["terminals"], data["timeouts"], data["rewards"]
+    # ground truth by a plain loop over the rows: one outcome per run ending at a flagged row
+    outcomes, kept_reward, start = [], 0.0, 0
+    for t in range(len(rewards)):
+        if terminals[t] or timeouts[t]:
+            outcomes.append("terminated" if terminals[t] else "truncated")
+            stop = t + 1 if terminals[t] else t  # a terminal reward is kept, a timeout row has no next observation
+            kept_reward += float(rewards[start:stop].astype(np.float64).sum())
+            start = t + 1
+    kept_reward += float(rewards[start : len(rewards) - 1].astype(np.float64).sum())  # unfinished rest
+    assert (outcomes.count("terminated"), outcomes.count("truncated")) == (9, 5)  # what the README data holds
+
+    ds = import_dataset("d4rl", data, None)
+    got = ds.sql_numpy("SELECT terminated, truncated, return FROM episodes")
+    assert int(got["terminated"].sum()) == outcomes.count("terminated") == int(terminals.sum())
+    assert int(got["truncated"].sum()) == outcomes.count("truncated") == int((timeouts & ~terminals).sum())
+    np.testing.assert_allclose(got["return"].sum(), kept_reward, rtol=1e-9)
+    for ep in ds.episodes():
+        seg = ep.read()
+        last = acts_rows(data, int(ep.meta["source_episode"]), len(seg))[-1]
+        if ep.terminated:  # the terminal transition itself is kept, its reward and action included
+            assert bool(terminals[last])
+            assert_same(seg.reward[-1], rewards[last])
+            assert_same(seg.all_obs[-1], seg.all_obs[-2])  # documented placeholder for the unrecorded row
+        elif ep.truncated:  # ends one row before the timeout row, at an observation that was recorded
+            assert bool(timeouts[last + 1])
+            assert_same(seg.all_obs[-1], data["observations"][last + 1])
+    assert ds.info["source"]["skipped_episodes"] == []
+    assert ds.info["source"]["terminal_final_observation"] == "repeats the last observation"
+
+
+def test_d4rl_one_row_timeout_is_skipped_loudly():
+    data = readme_d4rl_data()
+    data["terminals"][:] = False
+    data["terminals"][398] = True  # the timeout row 399 is then an episode of one row
+    with pytest.warns(UserWarning, match="1 one-row episode"):
+        ds = import_dataset("d4rl", data, None)
+    bounds = episode_bounds(data["terminals"], data["timeouts"])
+    one_row = [i for i, (a, b) in enumerate(bounds) if b - a == 1]
+    assert ds.info["source"]["skipped_episodes"] == one_row
+    assert len(ds) == len(bounds) - 1
+    assert int(ds.sql_numpy("SELECT count(*) AS n FROM episodes WHERE terminated")["n"][0]) == 1
 
 
 def test_failed_import_leaves_nothing(tmp_path):
@@ -311,19 +371,22 @@ def test_memmap_replay_import_matches_peer_reader(replay_folders, tmp_path):
     ds = import_dataset("memmap-replay", str(folder), str(tmp_path / "ds"))
     peer = peer_episodes(folder)
     slots = [int(ep.meta["source_episode"]) for ep in ds.episodes()]
-    # oldest first; slot 2 is being rewritten and 1-row episodes have no transition
-    assert slots == [s for s in (3, 0, 1) if len(peer[s]["reward"]) > 1]
+    # oldest first; slot 2 is being rewritten; an unfinished 1-row episode has no transition
+    assert slots == [s for s in (3, 0, 1) if len(peer[s]["reward"]) > 1 or peer[s]["done"][-1]]
     assert ds.schema["observation/image"].in_tensor
     for ep, slot in zip(ds.episodes(), slots, strict=True):
         ref = peer[slot]
         seg = ep.read()
         n = len(ref["reward"])
-        assert len(seg) == n - 1
-        assert_same(seg.all_obs["state"], ref["state"])
-        assert_same(seg.all_obs["image"], ref["image"])
-        assert_same(seg.action, ref["action"][:-1])
-        assert_same(seg.reward, ref["reward"][:-1])
-        assert not ep.terminated and not ep.truncated  # the terminal transition had no next state
+        done = bool(ref["done"][-1])
+        # a terminal episode keeps its terminal transition (final observation row repeated), others drop the last
+        kept = n if done else n - 1
+        assert len(seg) == kept and ep.terminated is done and not ep.truncated
+        last = [-1] if done else []
+        assert_same(seg.all_obs["state"], ref["state"][np.r_[np.arange(n), last].astype(int)])
+        assert_same(seg.all_obs["image"], ref["image"][np.r_[np.arange(n), last].astype(int)])
+        assert_same(seg.action, ref["action"][:kept])
+        assert_same(seg.reward, ref["reward"][:kept])
         assert ep.meta["task_id"] == ref["task_id"]
 
 

@@ -3,7 +3,7 @@
 Leftovers come from real crashes: the fork-server writer of test_crash is
 SIGKILLed before its first commit (a writer array nothing references),
 before a later commit (rows past the last referenced row) and as its Parquet
-file appears (an uncommitted table file). Every check compares the episodes
+file appears (an uncommitted table file, which vacuum must list and remove). Every check compares the episodes
 against the ones recomputed from (seed, index).
 """
 
@@ -18,7 +18,7 @@ import episodelake as el
 from episodelake.cli import main
 
 from .test_bad_input import tree_digest
-from .test_crash import ForkServer
+from .test_crash import ForkServer, unreferenced_parquet
 from .workers.common import assert_all_match, crash_schema, episode, one_commit_per_episode, origins
 
 
@@ -33,7 +33,7 @@ def crash(server: ForkServer, path: str, seed: int, kind: str, at: int, episodes
         "at": at,
     }
     _, lines = server.run(cmd, None)
-    assert "done" not in lines
+    assert "done" not in lines and f"point {kind}" in lines
 
 
 def check(path: str) -> el.Dataset:
@@ -51,9 +51,14 @@ def test_vacuum_removes_crash_leftovers_only(tmp_path, capsys):
         server.run({"path": path, "seed": 0, "episodes": 2, "per_commit": 1, "stepwise": True, "crash": "none"}, None)
         crash(server, path, 1, "before-commit", at=0)  # an array no table row references
         crash(server, path, 2, "before-commit", at=2)  # two commits, then rows past the last reference
-        crash(server, path, 3, "parquet", at=0)  # maybe an uncommitted Parquet file
+        for seed in (3, 4, 5):  # stopped as its Parquet file appears: almost always before the log entry
+            crash(server, path, seed, "parquet", at=0)
+            if unreferenced_parquet(path):
+                break
     finally:
         server.close()
+    orphans = unreferenced_parquet(path)
+    assert len(orphans) == 1
     with open(os.path.join(path, "episodelake.json.0f0f.tmp"), "w") as fh:
         fh.write("{")  # a descriptor write interrupted before its rename
     ds = check(path)
@@ -64,6 +69,7 @@ def test_vacuum_removes_crash_leftovers_only(tmp_path, capsys):
     before = tree_digest(path)
     dry = ds.vacuum(dry_run=True, retention_hours=0)
     assert tree_digest(path) == before  # a dry run deletes nothing
+    assert {os.path.normpath(f) for f in dry.table_files} == orphans  # exactly the killed commit's file
     assert len(dry.tensor_arrays) >= 1 and dry.temp_files
     assert [t["kept"] < t["rows"] for t in dry.truncated] == [True] * len(dry.truncated) and dry.truncated
     assert ds.vacuum().to_json() == {**ds.vacuum(dry_run=True).to_json(), "dry_run": False}  # nothing is 7 days old
@@ -77,6 +83,7 @@ def test_vacuum_removes_crash_leftovers_only(tmp_path, capsys):
     assert done.table_files == dry.table_files and done.temp_files == dry.temp_files
     for array in done.tensor_arrays:
         assert not os.path.exists(array)
+    assert not any(os.path.exists(f) for f in orphans) and unreferenced_parquet(path) == set()
     ds = check(path)
     assert origins(ds) == visible
     again = ds.vacuum(dry_run=True, retention_hours=0)

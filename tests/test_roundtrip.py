@@ -97,13 +97,28 @@ def test_random_round_trip(case, on_disk, tmp_path_factory):
                 np.testing.assert_array_equal(got, truth[f.key])
             assert ref.meta["task"] == truth["task"]
             assert (ref.terminated, ref.truncated) == (truth["terminated"], truth["truncated"])
-            assert seg.terminated[-1] == truth["terminated"] and not seg.terminated[:-1].any()
-            # partial reads are slices of the same truth (observations carry one extra row)
-            if ref.length > 2:
-                part = ref.read(1, ref.length - 1)
+            assert_flags(seg, ref.length, truth, reaches_end=True)
+            # partial reads are slices of the same truth (observations carry one extra row); a read
+            # that stops before the end carries no flag, one that reaches it carries the episode's
+            for start, stop in ((1, ref.length - 1), (ref.length - 2, ref.length)):
+                if not 0 <= start < stop:
+                    continue
+                part = ref.read(start, stop)
                 for f in schema.step_fields:
-                    stop = ref.length - 1 + (f.role == "observation")
-                    np.testing.assert_array_equal(part.data[f.key], truth[f.key][1:stop])
+                    end = stop + (f.role == "observation")
+                    np.testing.assert_array_equal(part.data[f.key], truth[f.key][start:end])
+                assert_flags(part, stop - start, truth, reaches_end=stop == ref.length)
+
+
+def assert_flags(seg: el.Segment, rows: int, truth: dict, reaches_end: bool) -> None:
+    """terminated/truncated are set only on the final transition, and only when the read reaches it."""
+    want_term = np.zeros(rows, bool)
+    want_trunc = np.zeros(rows, bool)
+    if reaches_end:
+        want_term[-1], want_trunc[-1] = truth["terminated"], truth["truncated"]
+    np.testing.assert_array_equal(seg.terminated, want_term)
+    np.testing.assert_array_equal(seg.truncated, want_trunc)
+    np.testing.assert_array_equal(seg.mask, np.ones(rows, bool))
 
 
 def test_nested_role_access():

@@ -12,7 +12,7 @@ from deltalake import DeltaTable, write_deltalake
 
 import episodelake as el
 from episodelake.location import resolve
-from episodelake.tensors import SHARD_CHUNKS
+from episodelake.tensors import split_ref
 
 from .conftest import robot_schema
 from .reference import RawEpisode, expected_segment, random_episode
@@ -102,16 +102,17 @@ def test_zarr_python_reads_the_sharded_tensors(s3_server, s3_dataset):
     arrays = {}
     for i, raw in enumerate(eps):
         writer = str(snap.index["writer"][i])
-        if writer not in arrays:
-            path = f"{ds.location.path}/tensors/{writer}/observation/camera"
-            arrays[writer] = zarr.open_array(zarr.storage.FsspecStore(fs, path=path, read_only=True), mode="r")
-            assert arrays[writer].metadata.codecs[0].__class__.__name__ == "ShardingCodec"
-        start = int(snap.index["ref/observation/camera"][i])
-        np.testing.assert_array_equal(arrays[writer][start : start + raw.length + 1], raw.obs["camera"])
+        commit, start = split_ref(snap.index["ref/observation/camera"][i])
+        if (writer, commit) not in arrays:
+            path = f"{ds.location.path}/tensors/{writer}/{commit}/observation/camera"
+            array = zarr.open_array(zarr.storage.FsspecStore(fs, path=path, read_only=True), mode="r")
+            assert array.metadata.codecs[0].__class__.__name__ == "ShardingCodec"
+            arrays[(writer, commit)] = array
+        np.testing.assert_array_equal(arrays[(writer, commit)][start : start + raw.length + 1], raw.obs["camera"])
 
 
-def test_commits_start_on_a_fresh_shard(s3_server, s3_url):
-    """A second commit writes a new shard object and never reads back (or rewrites) the first."""
+def test_each_commit_writes_its_own_array(s3_server, s3_url):
+    """A second commit writes a new array sized to its rows and never reads back (or rewrites) the first."""
     eps = make_episodes(3, 8)
     ds = el.Dataset.create(robot_schema(), s3_url, storage_options=s3_server.storage_options)
     ds.append_episodes(e.as_dict(unwrap_action=True) for e in eps[:4])
@@ -124,11 +125,21 @@ def test_commits_start_on_a_fresh_shard(s3_server, s3_url):
     assert delta["bytes_read"] < first_bytes // 4  # metadata only, not the first shard
     snap = ds.snapshot()
     refs = snap.index["ref/observation/camera"]
-    shard_rows = robot_schema()["observation/camera"].rows_per_chunk * SHARD_CHUNKS
-    assert refs[4] % shard_rows == 0 and refs[4] > 0
+    assert [split_ref(r) for r in refs[[0, 4]]] == [(1, 0), (2, 0)]
     fs = s3fs.S3FileSystem(**s3_server.storage_options)
-    shards = fs.find(f"{ds.location.path}/tensors/{snap.index['writer'][0]}/observation/camera/c")
-    assert len(shards) == 2
+    writer = snap.index["writer"][0]
+    for commit, part in ((1, eps[:4]), (2, eps[4:])):
+        shards = fs.find(f"{ds.location.path}/tensors/{writer}/{commit}/observation/camera/c")
+        assert len(shards) == 1  # a commit smaller than SHARD_CHUNKS chunks is one object
+        array = ts.open(
+            {
+                "driver": "zarr3",
+                "kvstore": resolve(ds.location.url, s3_server.storage_options).kvstore(
+                    "tensors", writer, str(commit), "observation", "camera"
+                ),
+            }
+        ).result()
+        assert array.shape[0] == sum(e.length + 1 for e in part)
     for i, raw in enumerate(eps):
         assert_episode(ds.episode(i), raw)
 

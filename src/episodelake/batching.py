@@ -19,11 +19,11 @@ row number falls outside the episode (padding).
   overwritten, and a dropped one is recycled instead of re-faulting fresh
   pages every batch (a fresh ~26 MB array per batch costs ~3x).
 
-A :class:`WindowReader` is picklable (worker processes get the loaded NumPy
-state and reopen files lazily) and safe to use in forked workers when every
-tensor field takes the memory-mapped path: TensorStore aborts a process that
-uses it after ``fork()``, so a forked worker that would need it raises a
-clear error instead (use a ``spawn`` multiprocessing context).
+A :class:`WindowReader` is picklable (spawned workers get the loaded NumPy
+state and reopen files lazily) and works in forked workers: readers opened
+before a fork are dropped in the child, and since TensorStore aborts a process
+that uses it after ``fork()``, a forked worker reads compressed and
+object-store arrays through :class:`~episodelake.tensors.PlainArray`.
 """
 
 from __future__ import annotations
@@ -36,22 +36,17 @@ import threading
 from typing import Any
 
 import numpy as np
-import tensorstore as ts
 
 from .errors import CorruptionError
 from .schema import FieldSpec
-from .segments import Segment
+from .segments import Segment, meta_fill
 from .snapshot import Snapshot
-from .tensors import TensorArray, array_parts
+from .tensors import COMMIT_SHIFT, ROW_MASK, PlainArray, TensorArray, array_parts
 
 MAX_MAPPED_CHUNKS = 8192  # bound on cached chunk mappings per array (vm.max_map_count is ~65k)
 
 
 PAGE = mmap.PAGESIZE
-FORK_MESSAGE = (
-    "field {key!r} ({where}) is read through TensorStore, which cannot run in a process forked from one "
-    "that used it; use DataLoader(..., multiprocessing_context='spawn')"
-)
 
 
 def aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
@@ -106,6 +101,7 @@ class ChunkFiles:
 
     def __init__(self, directory: str, rows: int, chunk_rows: int, field: FieldSpec) -> None:
         self.directory = directory
+        self.where = directory
         self.rows = rows
         self.chunk_rows = chunk_rows
         self.field = field
@@ -188,74 +184,92 @@ class ChunkFiles:
             out[dst : dst + n] = block[r : r + n]
 
 
-class TensorStoreRows:
-    """Reads through TensorStore: compressed chunks, sharded arrays, object stores."""
-
-    def __init__(self, array: TensorArray) -> None:
-        self.array = array
-        self.rows = array.rows
-        self.chunk_rows = 0  # TensorStore splits runs at chunk boundaries itself
-        self._pid = os.getpid()
-
-    def copy_runs(self, out: np.ndarray, runs: list[tuple[int, int, int, int]]) -> None:
-        if os.getpid() != self._pid:
-            raise RuntimeError(FORK_MESSAGE.format(key=self.array.field.key, where=self.array.where))
-        batch = ts.Batch()
-        futures = [self.array.store[src : src + n].read(batch=batch) for _, src, n, _ in runs]
-        batch.submit()
-        for (dst, src, n, eid), fut in zip(runs, futures, strict=True):
-            try:
-                out[dst : dst + n] = fut.result()
-            except ValueError as exc:
-                raise CorruptionError(
-                    f"episode {eid}: field {self.array.field.key!r} rows [{src}, {src + n}) of "
-                    f"{self.array.where} unreadable: {exc}"
-                ) from exc
+Source = ChunkFiles | TensorArray | PlainArray
 
 
 class TensorField:
-    """One tensor field of a snapshot: per-episode writer and first row, one reader per writer."""
+    """One tensor field of a snapshot: per-episode array and first row, one reader per array, opened on demand.
+
+    An array is a writer's single array (commit 0) or one commit's array
+    (object stores); ``array_of[p]`` numbers episode ``p``'s array and
+    ``rows[p]`` is its first row there.
+    """
 
     def __init__(self, snap: Snapshot, field: FieldSpec) -> None:
         self.field = field
-        self.writers, self.writer_of = np.unique(snap.index["writer"].astype(str), return_inverse=True)
-        self.writer_of = self.writer_of.astype(np.int64)
-        self.refs = snap.index[f"ref/{field.key}"].astype(np.int64)
-        self.verified = np.zeros(len(self.refs), dtype=bool)  # CRC-checked episodes (Dataset.open(verify=True))
+        refs = snap.index[f"ref/{field.key}"].astype(np.int64)
+        writers, writer_of = np.unique(snap.index["writer"].astype(str), return_inverse=True)
+        keys, array_of = np.unique(
+            (writer_of.astype(np.int64) << COMMIT_SHIFT) | (refs >> COMMIT_SHIFT), return_inverse=True
+        )
+        self.arrays = [(str(writers[k >> COMMIT_SHIFT]), int(k & ROW_MASK)) for k in keys.tolist()]
+        self.array_of = array_of.astype(np.int64)
+        self.rows = refs & ROW_MASK
+        self.verified = np.zeros(len(refs), dtype=bool)  # CRC-checked episodes (Dataset.open(verify=True))
         self._snap = snap
-        self._sources: list[ChunkFiles | TensorStoreRows] | None = None
+        self._sources: dict[int, Source] = {}
+        self._pid = os.getpid()
+        self._ends: np.ndarray | None = None
 
-    def sources(self, nrows: np.ndarray, forked: bool) -> list[ChunkFiles | TensorStoreRows]:
-        """One reader per writer; ``forked``: this process was forked from the one that built the reader."""
-        if self._sources is None:
-            snap, f = self._snap, self.field
-            out: list[ChunkFiles | TensorStoreRows] = []
-            for w, writer in enumerate(self.writers.tolist()):
-                src = ChunkFiles.probe(snap.loc.child(*array_parts(writer, f)), f) if snap.loc.is_local else None
-                if src is None:
-                    if forked:
-                        raise RuntimeError(
-                            FORK_MESSAGE.format(key=f.key, where=snap.loc.child(*array_parts(writer, f)))
-                        )
-                    try:
-                        src = TensorStoreRows(snap.tensor_array(writer, f))
-                    except CorruptionError as exc:
-                        eid = int(snap.index["episode_id"][np.flatnonzero(self.writer_of == w)[0]])
-                        raise CorruptionError(f"episode {eid}: field {f.key!r}: {exc}") from exc
-                ends = self.refs + nrows
-                over = (self.writer_of == w) & (ends > src.rows)
-                if over.any():
-                    p = int(np.flatnonzero(over)[0])
-                    raise CorruptionError(
-                        f"episode {int(snap.index['episode_id'][p])}: field {f.key!r} references rows "
-                        f"[{self.refs[p]}, {ends[p]}) but the array of writer {writer} has {src.rows} rows"
-                    )
-                out.append(src)
-            self._sources = out
+    def sources(self, needed: np.ndarray, nrows: np.ndarray) -> dict[int, Source]:
+        """Readers of arrays ``needed`` (numbers), opened together on first use in this process.
+
+        Local single arrays stored raw are memory-mapped; everything else is
+        read through TensorStore, or in a process forked from one that used
+        TensorStore through :class:`PlainArray`. Readers never cross a fork.
+        """
+        if self._pid != os.getpid():
+            self._sources, self._pid = {}, os.getpid()
+        missing = [a for a in np.unique(needed).tolist() if a not in self._sources]
+        if not missing:
+            return self._sources
+        snap, f = self._snap, self.field
+        if self._ends is None:
+            self._ends = np.zeros(len(self.arrays), np.int64)
+            np.maximum.at(self._ends, self.array_of, self.rows + nrows)
+        opened: dict[int, Source | None] = {}
+        for a in missing:
+            writer, commit = self.arrays[a]
+            local_single = snap.loc.is_local and commit == 0
+            opened[a] = ChunkFiles.probe(snap.loc.child(*array_parts(writer, f)), f) if local_single else None
+        rest = [a for a, src in opened.items() if src is None]
+        try:
+            for a, arr in zip(rest, snap.tensor_arrays(f, [self.arrays[a] for a in rest]), strict=True):
+                opened[a] = arr
+        except CorruptionError as exc:
+            eid = int(snap.index["episode_id"][np.flatnonzero(np.isin(self.array_of, rest))[0]])
+            raise CorruptionError(f"episode {eid}: field {f.key!r}: {exc}") from exc
+        for a, src in opened.items():
+            assert src is not None
+            if self._ends[a] > src.rows:
+                p = int(np.flatnonzero((self.array_of == a) & (self.rows + nrows > src.rows))[0])
+                raise CorruptionError(
+                    f"episode {int(snap.index['episode_id'][p])}: field {f.key!r} references rows "
+                    f"[{self.rows[p]}, {self.rows[p] + nrows[p]}) but {src.where} has {src.rows} rows"
+                )
+            self._sources[a] = src
         return self._sources
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_sources": None}
+        return {**self.__dict__, "_sources": {}}
+
+
+def typed_meta(values: np.ndarray, f: FieldSpec) -> tuple[np.ndarray, np.ndarray]:
+    """``(values, valid)`` of a snapshot meta column for batches: never an object array for numbers.
+
+    Unset (None) entries of a numeric/bool field become :func:`meta_fill` of its
+    dtype with ``valid`` False; strings stay an object array of ``str``/None.
+    """
+    n = len(values)
+    if values.dtype != object:
+        return values, np.ones(n, dtype=bool)
+    valid = np.fromiter((v is not None for v in values), bool, n)
+    if f.np_dtype.kind == "U":
+        return values, valid
+    out = np.full((n, *f.shape), meta_fill(f.np_dtype), dtype=f.np_dtype)
+    if valid.any():
+        out[valid] = np.stack([np.asarray(v, f.np_dtype) for v in values[valid]])
+    return out, valid
 
 
 class WindowReader:
@@ -273,10 +287,11 @@ class WindowReader:
         self.episode_ids = idx["episode_id"].astype(np.int64)
         self.terminated = idx["terminated"].astype(bool)
         self.truncated = idx["truncated"].astype(bool)
-        self.meta = {f.name: snap.index[f.key] for f in self.schema.meta_fields}
+        typed = {f.name: typed_meta(snap.index[f.key], f) for f in self.schema.meta_fields}
+        self.meta = {name: values for name, (values, _) in typed.items()}
+        self.meta_valid = {name: valid for name, (_, valid) in typed.items()}
         self._table = {f.key: (snap.table_field(f), snap.offsets(f)[:-1]) for f in self.schema.table_step_fields}
         self._tensor = {f.key: TensorField(snap, f) for f in self.schema.tensor_fields}
-        self._origin_pid = os.getpid()  # a different pid later means a forked worker
         self._init_process()
 
     def _init_process(self) -> None:
@@ -290,7 +305,6 @@ class WindowReader:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._origin_pid = os.getpid()  # a fresh (spawned) process may start TensorStore
         self._init_process()
 
     def nrows(self, f: FieldSpec) -> np.ndarray:
@@ -319,7 +333,6 @@ class WindowReader:
     def _gather_tensor(
         self, tf: TensorField, pos: np.ndarray, rows: np.ndarray, valid: np.ndarray, flat: np.ndarray
     ) -> None:
-        sources = tf.sources(self.nrows(tf.field), forked=os.getpid() != self._origin_pid)
         if self.snap.verify:
             for p in np.unique(pos[~tf.verified[pos]]).tolist():
                 self.snap.read_ranges(tf.field, [p], [0], [0])  # checks the episode's CRC-32 once
@@ -328,27 +341,30 @@ class WindowReader:
         dst = np.flatnonzero(valid.ravel())
         if not len(dst):
             return
-        src = (tf.refs[pos][:, None] + rows).ravel()[dst]
+        src = (tf.rows[pos][:, None] + rows).ravel()[dst]
         item = dst // W
-        writer = tf.writer_of[pos][item]
-        chunk_rows = np.array([s.chunk_rows for s in sources], dtype=np.int64)[writer]
+        array = tf.array_of[pos][item]
+        sources = tf.sources(array, self.nrows(tf.field))
+        # runs must stay inside one chunk for readers that copy chunk by chunk; TensorStore splits runs itself
+        split = {a: 0 if isinstance(r, TensorArray) else r.chunk_rows for a, r in sources.items()}
+        chunk_rows = np.array([split[a] for a in array.tolist()], dtype=np.int64)
         chunk = np.where(chunk_rows > 0, src // np.maximum(chunk_rows, 1), 0)
-        brk = (np.diff(dst) != 1) | (np.diff(src) != 1) | (np.diff(writer) != 0) | (np.diff(chunk) != 0)
+        brk = (np.diff(dst) != 1) | (np.diff(src) != 1) | (np.diff(array) != 0) | (np.diff(chunk) != 0)
         starts = np.concatenate([[0], np.flatnonzero(brk) + 1])
         counts = np.diff(np.append(starts, len(dst)))
         eids = self.episode_ids[pos][item[starts]]
-        by_writer: dict[int, list[tuple[int, int, int, int]]] = {}
-        for w, d, s, n, e in zip(
-            writer[starts].tolist(),
+        by_array: dict[int, list[tuple[int, int, int, int]]] = {}
+        for a, d, s, n, e in zip(
+            array[starts].tolist(),
             dst[starts].tolist(),
             src[starts].tolist(),
             counts.tolist(),
             eids.tolist(),
             strict=True,
         ):
-            by_writer.setdefault(w, []).append((d, s, n, e))
-        for w, runs in by_writer.items():
-            sources[w].copy_runs(flat, runs)
+            by_array.setdefault(a, []).append((d, s, n, e))
+        for a, runs in by_array.items():
+            sources[a].copy_runs(flat, runs)
 
     def segments(self, pos: np.ndarray, first: np.ndarray, length: int) -> Segment:
         """A batch (``time_axis=1``) of ``length`` transitions from ``first`` of episodes ``pos``.
@@ -376,6 +392,7 @@ class WindowReader:
             episode_id=self.episode_ids[pos],
             start=first,
             time_axis=1,
+            meta_mask={name: valid[pos] for name, valid in self.meta_valid.items()},
         )
 
     def flags(self, pos: np.ndarray, steps: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -2,13 +2,39 @@
 
 Each subcommand is a function ``cmd_<name>(args) -> int`` registered in
 :func:`build_parser`; output goes to stdout, ``--json`` where a script wants it.
+Every command that reads or writes a dataset takes its storage options as JSON
+(``--options``; ``copy``: ``--src-options`` / ``--dst-options``).
+
+Exit status: 0 on success, 1 on an error (one line ``episodelake: error: ...``
+on stderr; ``--debug`` raises it with its traceback instead) and when
+``validate`` finds a problem, 2 for a command line that does not parse, 130 on
+Ctrl-C and 141 (128 + SIGPIPE, as for coreutils) when the reader of stdout
+went away (``episodelake info X | head -4``), quietly.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 from collections.abc import Sequence
+from typing import Any
+
+EXIT_ERROR = 1
+EXIT_INTERRUPTED = 130
+EXIT_CLOSED_PIPE = 141
+
+
+def _json_options(text: str) -> dict[str, Any]:
+    """An ``--options`` value: a JSON object of storage options."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object, got {type(value).__name__}")
+    return value
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -19,11 +45,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_copy(args: argparse.Namespace) -> int:
-    import json
-
     from .dataset import Dataset
 
-    src = Dataset.open(args.src, args.version, storage_options=json.loads(args.src_options), read_only=True)
+    src = Dataset.open(args.src, args.version, storage_options=args.src_options, read_only=True)
     collection = src.where(args.where) if args.where else src
     options = {}
     if args.chunk_rows is not None:
@@ -31,8 +55,7 @@ def cmd_copy(args: argparse.Namespace) -> int:
     if args.compression is not None:
         options["compression"] = None if args.compression == "none" else args.compression
     progress = False if args.quiet else None
-    opts = json.loads(args.dst_options)
-    copy = collection.copy_to(args.dst, opts, overwrite=args.overwrite, progress=progress, **options)
+    copy = collection.copy_to(args.dst, args.dst_options, overwrite=args.overwrite, progress=progress, **options)
     print(f"copied {len(copy)} episodes ({copy.num_steps} steps) to {copy.location.url}, verified")
     return 0
 
@@ -54,6 +77,8 @@ def cmd_import(args: argparse.Namespace) -> int:
     from .importers import import_dataset
 
     options: dict = {"progress": False if args.quiet else None, "overwrite": args.overwrite}
+    if args.options:
+        options["storage_options"] = args.options
     if args.lenient:
         options["strict"] = False
     if args.no_infos:
@@ -66,20 +91,21 @@ def cmd_import(args: argparse.Namespace) -> int:
             options[name] = getattr(args, name)
     if args.next_observations is not None:
         options["next_observations"] = dict(pair.split("=", 1) for pair in _csv(args.next_observations) or [])
-    allowed = _IMPORT_OPTIONS[args.format] | {"progress", "overwrite"}
+    allowed = _IMPORT_OPTIONS[args.format] | {"progress", "overwrite", "storage_options"}
     if set(options) - allowed:
-        print(f"error: option(s) {sorted(set(options) - allowed)} do not apply to {args.format}", file=sys.stderr)
-        return 2
+        args.parser.error(f"option(s) {sorted(set(options) - allowed)} do not apply to {args.format}")
     ds = import_dataset(args.format, args.src, args.dst, **options)
     print(f"imported {len(ds)} episodes ({ds.num_steps} steps) from {args.format} {args.src} to {ds.location.url}")
+    skipped = ds.info.get("source", {}).get("skipped_episodes")
+    if skipped:
+        print(f"skipped {len(skipped)} source episode(s) with no transition to keep: {skipped[:10]}")
     return 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
     from . import exporters
-    from .dataset import Dataset
 
-    src = Dataset.open(args.src, args.version, read_only=True)
+    src = _open_read_only(args, args.src)
     collection = src.where(args.where) if args.where else src
     if args.format == "minari":
         exporters.to_minari(collection, args.dst, args.dataset_id, progress=False if args.quiet else None)
@@ -93,11 +119,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     """Audit a dataset; exit status 1 when a problem was found."""
-    import json
-
-    from .dataset import Dataset
-
-    ds = Dataset.open(args.path, args.version, storage_options=json.loads(args.options), read_only=True)
+    ds = _open_read_only(args)
     report = ds.validate(tensors=not args.no_tensors)
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
@@ -114,11 +136,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def cmd_vacuum(args: argparse.Namespace) -> int:
     """Remove unreferenced table files and crash leftovers (``--dry-run`` lists them)."""
-    import json
-
     from .dataset import Dataset
 
-    ds = Dataset.open(args.path, storage_options=json.loads(args.options), read_only=args.dry_run)
+    ds = Dataset.open(args.path, storage_options=args.options, read_only=args.dry_run)
     report = ds.vacuum(dry_run=args.dry_run, retention_hours=args.retention_hours)
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
@@ -136,10 +156,9 @@ def cmd_vacuum(args: argparse.Namespace) -> int:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from .dataset import Dataset
     from .plots import episode_histograms
 
-    src = Dataset.open(args.path, args.version, read_only=True)
+    src = _open_read_only(args)
     collection = src.where(args.where) if args.where else src
     episode_histograms(collection, args.out, bins=args.bins)
     print(f"wrote return/length histograms of {len(collection)} episodes to {args.out}")
@@ -161,7 +180,6 @@ def _print_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> Non
 
 
 def _print_json(value: object) -> None:
-    import json
     from decimal import Decimal
 
     def plain(v: object) -> object:  # DuckDB sums of BIGINT are HUGEINT, i.e. Decimal in Arrow
@@ -172,12 +190,11 @@ def _print_json(value: object) -> None:
     print(json.dumps(value, indent=2, default=plain))
 
 
-def _open_read_only(args: argparse.Namespace):
-    import json
-
+def _open_read_only(args: argparse.Namespace, path: str | None = None):
+    """The dataset at ``path`` (default ``args.path``), pinned to ``--version``, opened with ``--options``."""
     from .dataset import Dataset
 
-    return Dataset.open(args.path, args.version, storage_options=json.loads(args.options), read_only=True)
+    return Dataset.open(path or args.path, args.version, storage_options=args.options, read_only=True)
 
 
 def _stored_in(f) -> str:
@@ -220,15 +237,9 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 def cmd_sql(args: argparse.Namespace) -> int:
     """Run SQL over the ``episodes`` and ``steps`` views; print a table or JSON rows."""
-    from .errors import QueryError
-
     ds = _open_read_only(args)
     collection = ds.where(args.where) if args.where else ds
-    try:
-        tbl = collection.sql_arrow(args.query)
-    except QueryError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    tbl = collection.sql_arrow(args.query)
     rows = tbl.to_pylist()
     if args.json:
         _print_json(rows)
@@ -243,15 +254,9 @@ def cmd_stats(args: argparse.Namespace) -> int:
     """Mean/std/min/max per field (per channel), episode length and return, optionally of a subset."""
     import numpy as np
 
-    from .errors import QueryError
-
     ds = _open_read_only(args)
-    try:
-        collection = ds.where(args.where) if args.where else ds
-        stats = collection.stats(_csv(args.fields))
-    except QueryError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    collection = ds.where(args.where) if args.where else ds
+    stats = collection.stats(_csv(args.fields))
     if args.plot:
         from .plots import episode_histograms
 
@@ -294,31 +299,42 @@ def cmd_history(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="episodelake", description="A lakehouse for RL / robotics episodes.")
+    parser.add_argument("--debug", action="store_true", help="on an error, raise it with its full traceback")
+    # --debug is also accepted after the subcommand; SUPPRESS keeps it from overriding the global flag
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("demo", help="collect CartPole episodes, query them with SQL, sample a batch")
+    def command(name: str, func: Any, help: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, parents=[common])
+        p.set_defaults(func=func, parser=p)
+        return p
+
+    def options(p: argparse.ArgumentParser, flag: str = "--options", of: str = "the dataset") -> None:
+        p.add_argument(flag, type=_json_options, default={}, help=f"storage options of {of}, as a JSON object")
+
+    p = command("demo", cmd_demo, "collect CartPole episodes, query them with SQL, sample a batch")
     p.add_argument("path", nargs="?", default="episodelake-demo", help="where to write the demo dataset")
     p.add_argument("--episodes", type=int, default=50)
     p.add_argument("--seed", type=int, default=0)
-    p.set_defaults(func=cmd_demo)
 
-    p = sub.add_parser("copy", help="copy a dataset between memory, local disk and object storage (verified)")
+    p = command("copy", cmd_copy, "copy a dataset between memory, local disk and object storage (verified)")
     p.add_argument("src", help="source path or URL (s3://bucket/path, gs://..., file://..., a local path)")
     p.add_argument("dst", help="destination path or URL")
-    p.add_argument("--src-options", default="{}", help="fsspec-style storage options of SRC, as JSON")
-    p.add_argument("--dst-options", default="{}", help="fsspec-style storage options of DST, as JSON")
+    options(p, "--src-options", "SRC")
+    options(p, "--dst-options", "DST")
     p.add_argument("--version", type=int, default=None, help="copy this table version of SRC (default: latest)")
     p.add_argument("--where", default=None, help="copy only episodes matching this SQL predicate")
     p.add_argument("--chunk-rows", type=int, default=None, help="rows per tensor chunk in DST")
     p.add_argument("--compression", choices=["zstd", "none"], default=None, help="tensor compression in DST")
     p.add_argument("--overwrite", action="store_true", help="replace a dataset that exists at DST")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(func=cmd_copy)
 
-    p = sub.add_parser("import", help="import a Minari, D4RL, memmap-replay-buffer or episodata dataset")
+    p = command("import", cmd_import, "import a Minari, D4RL, memmap-replay-buffer or episodata dataset")
     p.add_argument("format", choices=["minari", "d4rl", "memmap-replay", "episodata"])
     p.add_argument("src", help="source: Minari folder or id, D4RL .hdf5/.npz, replay-buffer folder, episodata path")
     p.add_argument("dst", help="new episodelake dataset path or URL")
+    options(p, of="DST")
     p.add_argument("--overwrite", action="store_true", help="replace a dataset that exists at DST")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--lenient", action="store_true", help="d4rl/memmap: accept next observations that differ")
@@ -330,76 +346,105 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--truncated", help="memmap-replay: the truncation-flag field")
     p.add_argument("--next-observations", help="memmap-replay: obs=next_obs pairs, comma-separated")
     p.add_argument("--extras", help="memmap-replay: extra per-step fields, comma-separated")
-    p.set_defaults(func=cmd_import)
 
-    p = sub.add_parser("export", help="export the episode table (parquet, arrow) or the dataset (minari)")
+    p = command("export", cmd_export, "export the episode table (parquet, arrow) or the dataset (minari)")
     p.add_argument("format", choices=["parquet", "arrow", "minari"])
     p.add_argument("src", help="episodelake dataset path or URL")
     p.add_argument("dst", help="output file (parquet, arrow) or new Minari dataset folder")
+    options(p, of="SRC")
     p.add_argument("--version", type=int, default=None, help="export this table version (default: latest)")
     p.add_argument("--where", default=None, help="export only episodes matching this SQL predicate")
     p.add_argument("--dataset-id", default=None, help="minari: dataset id (default: <folder name>-v0)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(func=cmd_export)
 
-    p = sub.add_parser("validate", help="audit a dataset: table files, log, lengths, flags, stats, tensor checksums")
+    p = command("validate", cmd_validate, "audit a dataset: table files, log, lengths, flags, stats, tensor checksums")
     p.add_argument("path", help="dataset path or URL")
     p.add_argument("--version", type=int, default=None, help="audit this table version (default: latest)")
-    p.add_argument("--options", default="{}", help="fsspec-style storage options, as JSON")
+    options(p)
     p.add_argument("--no-tensors", action="store_true", help="check tensor references only, do not read rows")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.set_defaults(func=cmd_validate)
 
-    p = sub.add_parser("vacuum", help="delete unreferenced table files and tensor data left by crashes")
+    p = command("vacuum", cmd_vacuum, "delete unreferenced table files and tensor data left by crashes")
     p.add_argument("path", help="dataset path or URL")
     p.add_argument("--dry-run", action="store_true", help="list what would be deleted, delete nothing")
     p.add_argument("--retention-hours", type=float, default=168.0, help="keep anything newer (default 168)")
-    p.add_argument("--options", default="{}", help="fsspec-style storage options, as JSON")
+    options(p)
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.set_defaults(func=cmd_vacuum)
 
-    p = sub.add_parser("plot", help="write return and length histograms of a dataset to an image (png, svg, pdf)")
+    p = command("plot", cmd_plot, "write return and length histograms of a dataset to an image (png, svg, pdf)")
     p.add_argument("path", help="dataset path or URL")
     p.add_argument("out", help="image file to write")
+    options(p)
     p.add_argument("--version", type=int, default=None, help="plot this table version (default: latest)")
     p.add_argument("--where", default=None, help="plot only episodes matching this SQL predicate")
     p.add_argument("--bins", type=int, default=30)
-    p.set_defaults(func=cmd_plot)
 
     def dataset_args(p: argparse.ArgumentParser, json_help: str = "print JSON") -> None:
         p.add_argument("path", help="dataset path or URL")
         p.add_argument("--version", type=int, default=None, help="use this table version (default: latest)")
-        p.add_argument("--options", default="{}", help="fsspec-style storage options, as JSON")
+        options(p)
         p.add_argument("--json", action="store_true", help=json_help)
 
-    p = sub.add_parser("info", help="schema, episode and step counts, versions and size of a dataset")
+    p = command("info", cmd_info, "schema, episode and step counts, versions and size of a dataset")
     dataset_args(p)
-    p.set_defaults(func=cmd_info)
 
-    p = sub.add_parser("sql", help="run SQL over the episodes and steps views")
+    p = command("sql", cmd_sql, "run SQL over the episodes and steps views")
     dataset_args(p, "print the rows as a JSON list of objects")
     p.add_argument("query", help='SQL, e.g. "SELECT task, avg(return) FROM episodes GROUP BY task"')
     p.add_argument("--where", default=None, help="restrict both views to episodes matching this SQL predicate")
     p.add_argument("--max-rows", type=int, default=100, help="rows to print in table form (default 100)")
-    p.set_defaults(func=cmd_sql)
 
-    p = sub.add_parser("stats", help="mean/std/min/max per field and channel, episode length and return")
+    p = command("stats", cmd_stats, "mean/std/min/max per field and channel, episode length and return")
     dataset_args(p)
     p.add_argument("--where", default=None, help="statistics of the episodes matching this SQL predicate")
     p.add_argument("--fields", default=None, help="field keys, comma-separated (default: all numeric fields)")
     p.add_argument("--plot", default=None, metavar="OUT.png", help="also write return/length histograms there")
-    p.set_defaults(func=cmd_stats)
 
-    p = sub.add_parser("history", help="the table's commit history (versions for --version / time travel)")
+    p = command("history", cmd_history, "the table's commit history (versions for --version / time travel)")
     dataset_args(p)
-    p.set_defaults(func=cmd_history)
 
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; return its exit status (see the module docstring)."""
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        status = args.func(args)
+        sys.stdout.flush()  # buffered output meets a closed pipe here, not at interpreter exit
+        return status
+    except BrokenPipeError:
+        return _closed_pipe()
+    except SystemExit as exc:  # a usage error found after parsing (parser.error): its status, not an exit
+        return exc.code if isinstance(exc.code, int) else EXIT_ERROR
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        print("episodelake: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as exc:
+        if args.debug:
+            raise
+        print(f"episodelake: error: {_one_line(exc)}", file=sys.stderr)
+        return EXIT_ERROR
+
+
+def _one_line(exc: BaseException) -> str:
+    """The error as one line: episodelake's own errors by message, others prefixed with their type."""
+    from .errors import EpisodeLakeError
+
+    text = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+    if isinstance(exc, EpisodeLakeError) and text:
+        return text
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _closed_pipe() -> int:
+    """The reader of stdout went away: send what is still buffered to /dev/null so exit stays quiet."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return EXIT_CLOSED_PIPE
 
 
 if __name__ == "__main__":

@@ -1,25 +1,42 @@
 """Commit batching: finished episodes wait in memory, then one table commit takes them all.
 
-Contracts: a commit happens when ``commit_episodes`` episodes or
-``commit_bytes`` payload bytes are pending, when ``commit_seconds`` passed since
-the first pending episode finished (checked when an episode finishes), or on
-``flush()``/``close()``/interpreter exit. Tensor rows are written before the
-table commit that references them, so a crash loses only uncommitted
-episodes. Each commit computes exact per-channel statistics and a CRC-32 per
-episode and tensor field on the way.
+Contracts:
+
+* A commit happens when ``commit_episodes`` episodes or ``commit_bytes``
+  payload bytes are pending, when ``commit_seconds`` passed since the first
+  pending episode finished (checked when an episode finishes), before any read
+  of the writing :class:`Dataset` (reads commit first), on
+  ``flush()``/``close()``, and at interpreter exit: a normal exit, an uncaught
+  exception or ``KeyboardInterrupt``, whether or not the dataset object is
+  still referenced. The exit commit runs before ``concurrent.futures`` shuts
+  its pools down (``threading`` exit hook) and summarizes inline if a pool
+  refuses work anyway. Only the process that created a sink commits it (a
+  forked child never commits its parent's episodes).
+* Tensor rows are written before the table commit that references them, so a
+  crash (SIGKILL) loses only uncommitted episodes. Ctrl-C during a commit is
+  deferred until the commit is recorded, so no episode is committed twice.
+* Episodes waiting for ``required`` meta fields (held by their writer) are
+  never committed: ``flush()`` raises :class:`ValidationError` naming them and
+  commits nothing; at exit each is named in one line on stderr.
+* Each commit computes exact per-channel statistics and a CRC-32 per episode
+  and tensor field on the way.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
+import functools
 import math
 import os
 import secrets
+import signal
+import sys
+import threading
 import time
-import weakref
 import zlib
-from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -27,13 +44,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from .errors import ReadOnlyError
+from .errors import EpisodeStateError, ReadOnlyError, ValidationError
 from .schema import DatasetSchema, FieldSpec, to_storage
 from .table import STAT_PARTS, arrow_schema, has_stats, stat_column
 from .tensors import TensorArray
 
 if TYPE_CHECKING:
     from .dataset import Dataset
+    from .writer import EpisodeWriter
 
 
 @dataclass
@@ -202,13 +220,77 @@ def _episode_return(schema: DatasetSchema, e: FinishedEpisode) -> float | None:
 
 
 _POOL = ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1), thread_name_prefix="episodelake-stats")
-_OPEN_SINKS: weakref.WeakSet[CommitSink] = weakref.WeakSet()
+# Sinks holding uncommitted episodes, strongly referenced so that they commit at exit even when
+# the user dropped the Dataset (e.g. a local of a function that returned).
+_LIVE: set[CommitSink] = set()
 
 
-@atexit.register
-def _flush_open_sinks() -> None:
-    for sink in list(_OPEN_SINKS):
-        sink.flush()
+def _submit(fn: Callable[..., Any], *args: Any) -> Future:
+    """Run ``fn`` in the pool, or inline when the pool refuses (interpreter shutdown)."""
+    try:
+        return _POOL.submit(fn, *args)
+    except RuntimeError:
+        done: Future = Future()
+        try:
+            done.set_result(fn(*args))
+        except Exception as exc:
+            done.set_exception(exc)
+        return done
+
+
+@contextlib.contextmanager
+def _defer_sigint() -> Iterator[None]:
+    """Hold Ctrl-C (SIGINT) until the block ends, then raise KeyboardInterrupt.
+
+    A KeyboardInterrupt between the table append and forgetting the pending
+    episodes would commit them a second time at exit. Only the main thread
+    receives signals, and a custom SIGINT handler is left alone.
+    """
+    if threading.current_thread() is not threading.main_thread() or (
+        signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
+        yield
+        return
+    received: list[int] = []
+    signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if received:
+        raise KeyboardInterrupt
+
+
+def _locked(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Run a CommitSink method under the sink's lock (reads in other threads commit too)."""
+
+    @functools.wraps(method)
+    def run(self: CommitSink, *args: Any, **kwargs: Any) -> Any:
+        with self.lock:
+            return method(self, *args, **kwargs)
+
+    return run
+
+
+def _commit_at_exit() -> None:
+    """Commit every live sink of this process; name the episodes that still await required meta."""
+    for sink in list(_LIVE):
+        if sink.pid != os.getpid() or sink.ds.location.ephemeral:
+            continue  # a forked child's copy, or an in-memory dataset that vanishes now anyway
+        for writer in sink.awaiting:
+            print(
+                f"episodelake: not committed at exit: {writer!r} (required meta missing) in {sink.ds.location.url}",
+                file=sys.stderr,
+            )
+        try:
+            sink.commit()
+        except Exception as exc:  # one failing dataset must not keep the others from committing
+            print(f"episodelake: commit at exit failed for {sink.ds.location.url}: {exc!r}", file=sys.stderr)
+
+
+# threading's exit hooks run before concurrent.futures shuts its pools down (atexit runs after).
+_register = getattr(threading, "_register_atexit", atexit.register)
+_register(_commit_at_exit)
 
 
 class CommitSink:
@@ -244,9 +326,39 @@ class CommitSink:
         self.pending_bytes = 0
         self.first_pending_at: float | None = None
         self.arrays: dict[str, TensorArray] = {}
-        _OPEN_SINKS.add(self)
+        self.awaiting: list[EpisodeWriter] = []  # finished, held by their writer until required meta arrive
+        self.pid = os.getpid()
+        self.lock = threading.RLock()
 
+    def _check_process(self) -> None:
+        if os.getpid() != self.pid:
+            raise EpisodeStateError(
+                f"this episode's writer belongs to process {self.pid}; in a forked process start new episodes"
+            )
+
+    def _update_live(self) -> None:
+        if self.pending or self.awaiting:
+            _LIVE.add(self)
+        else:
+            _LIVE.discard(self)
+
+    @_locked
+    def hold(self, writer: EpisodeWriter) -> None:
+        """Register a finished episode that waits for required meta (it blocks ``flush()``)."""
+        self._check_process()
+        self.awaiting.append(writer)
+        self._update_live()
+
+    @_locked
+    def release(self, writer: EpisodeWriter) -> None:
+        """Forget a held episode (its meta arrived, or it was discarded)."""
+        self.awaiting = [w for w in self.awaiting if w is not writer]
+        self._update_live()
+
+    @_locked
     def submit(self, episode: FinishedEpisode) -> None:
+        """Queue a finished episode; commits when a size/count/age trigger fires."""
+        self._check_process()
         if not self.pending:
             self.first_pending_at = time.monotonic()
         self.pending.append(episode)
@@ -256,23 +368,43 @@ class CommitSink:
             or self.pending_bytes >= self.commit_bytes
             or time.monotonic() - (self.first_pending_at or 0.0) >= self.commit_seconds
         ):
-            self.flush()
+            self.commit()
+        self._update_live()
 
     def _array(self, f: FieldSpec) -> TensorArray:
         if f.key not in self.arrays:
             self.arrays[f.key] = TensorArray.create(self.ds.location, self.name, f, self.ds._ts_context)
         return self.arrays[f.key]
 
+    @_locked
     def discard(self) -> int:
-        """Forget the pending episodes; returns how many were dropped."""
-        dropped = len(self.pending)
+        """Forget the pending episodes and those awaiting meta; returns how many were dropped."""
+        dropped = len(self.pending) + len(self.awaiting)
+        for writer in list(self.awaiting):
+            writer.discard()
+        self._forget_pending()
+        return dropped
+
+    def _forget_pending(self) -> None:
         self.pending = []
         self.pending_bytes = 0
         self.first_pending_at = None
-        return dropped
+        self._update_live()
 
+    @_locked
     def flush(self) -> int | None:
-        """Commit all pending episodes in one table commit; return the new version.
+        """Commit all pending episodes; :class:`ValidationError` (committing nothing) if any awaits meta."""
+        if self.awaiting:
+            held = "; ".join(repr(w) for w in self.awaiting)
+            raise ValidationError(
+                f"{len(self.awaiting)} finished episode(s) still miss required meta: {held}; set it "
+                "(writer.meta[name] = value or writer.set_meta(...)) or discard them; nothing was committed"
+            )
+        return self.commit()
+
+    @_locked
+    def commit(self) -> int | None:
+        """Commit all pending episodes in one table commit; return the new version (None if none).
 
         Each tensor field's rows of the whole commit are gathered into one
         contiguous block (checksums and statistics computed on the way, in a
@@ -282,7 +414,11 @@ class CommitSink:
         """
         if not self.pending:
             return None
-        episodes = self.pending
+        self._check_process()
+        with _defer_sigint():
+            return self._commit(self.pending)
+
+    def _commit(self, episodes: list[FinishedEpisode]) -> int:
         refs: dict[str, list[int]] = {}
         blocks: dict[str, np.ndarray] = {}
         for f in self.schema.tensor_fields:
@@ -290,7 +426,7 @@ class CommitSink:
             refs[f.key] = (np.cumsum(lengths) - lengths).tolist()
             blocks[f.key] = np.empty((int(lengths.sum()), *f.shape), f.np_dtype)
         tasks = [
-            _POOL.submit(episode_summary, self.schema, e, blocks, {k: r[i] for k, r in refs.items()})
+            _submit(episode_summary, self.schema, e, blocks, {k: r[i] for k, r in refs.items()})
             for i, e in enumerate(episodes)
         ]
         arrays = {f.key: self._array(f) for f in self.schema.tensor_fields}
@@ -318,6 +454,6 @@ class CommitSink:
         rows = build_rows(self.schema, episodes, summaries, self.name, ids, refs)
         version = self.ds._table.append(rows)
         self.seq += len(episodes)
-        self.discard()
+        self._forget_pending()
         self.ds._on_commit()
         return version

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from .errors import CorruptionError, LocationError
+from .errors import CorruptionError, LocationError, ValidationError
 from .location import resolve
 from .progress import bar
 from .schema import DatasetSchema, FieldSpec
@@ -107,6 +107,11 @@ def _rechunked(schema: DatasetSchema, chunk_rows: Any, compression: Any) -> Data
             return setting.get(f.key, current)
         return setting
 
+    tensor_keys = {f.key for f in schema.tensor_fields}
+    for name, setting in (("chunk_rows", chunk_rows), ("compression", compression)):
+        unknown = sorted(set(setting) - tensor_keys) if isinstance(setting, Mapping) else []
+        if unknown:
+            raise ValidationError(f"{name}: {unknown} are not tensor fields (tensor fields: {sorted(tensor_keys)})")
     fields = []
     for f in schema.fields:
         if f.in_tensor:

@@ -4,13 +4,19 @@ A :class:`Dataset` is one root URL: the descriptor ``episodelake.json``, the
 Delta episode table under ``episodes/`` and Zarr v3 tensors under
 ``tensors/<writer>/``. It is pinned to one table version (the latest at open,
 or ``version=N``); ``refresh()`` moves it to the latest. Its own commits move
-it forward. A :class:`DatasetView` is a subset of a snapshot's episodes (from
-``where()``/``select_episodes()``) on which every read and sampling call works.
+it forward, and reads commit first: every read, query and sampler goes through
+:meth:`Dataset.snapshot`, which commits the episodes this object's writers
+handed over and moves to its own newest version (read-your-writes). Other
+processes see episodes once they are committed and they ``refresh()``. A
+:class:`DatasetView` is a subset of one snapshot's episodes (from
+``where()``/``select_episodes()``), pinned to that snapshot, on which every
+read and sampling call works.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import platform
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import UTC, datetime
@@ -82,6 +88,9 @@ class EpisodeRef:
         """Transitions ``[start, stop)`` as a Segment (obs/next_obs share one buffer)."""
         length = self.length
         stop = length if stop is None else stop
+        for name, value in (("start", start), ("stop", stop)):
+            if isinstance(value, bool) or not isinstance(value, int | np.integer):
+                raise TypeError(f"episode {self.episode_id}: {name} must be an int, got {value!r}")
         if not 0 <= start < stop <= length:
             raise IndexError(f"episode {self.episode_id}: range [{start}, {stop}) outside [0, {length})")
         snap = self._snap
@@ -427,7 +436,8 @@ class Dataset(EpisodeCollection):
     def _writer(self) -> CommitSink:
         if self.read_only:
             raise ReadOnlyError(f"dataset {self.location.url} is open read-only (or at a past version)")
-        if self._sink is None:
+        if self._sink is None or self._sink.pid != os.getpid():
+            # A forked child writes under its own writer id; the parent's pending episodes stay the parent's.
             self._sink = CommitSink(self, **self._writer_options)
         return self._sink
 
@@ -454,14 +464,19 @@ class Dataset(EpisodeCollection):
         episode_from_dict(self.schema, episode, "episode")
 
     def flush(self) -> int | None:
-        """Commit pending finished episodes now; returns the new version (None if none)."""
+        """Commit pending finished episodes now; returns the new version (None if none).
+
+        Raises :class:`ValidationError` naming the fields, and commits nothing,
+        while an ended episode still waits for ``required`` meta.
+        """
         return self._sink.flush() if self._sink is not None else None
 
     def discard_pending(self) -> int:
-        """Drop finished but uncommitted episodes (they will never be committed); returns how many."""
+        """Drop finished but uncommitted episodes, held ones included (never committed); returns how many."""
         return self._sink.discard() if self._sink is not None else 0
 
     def close(self) -> None:
+        """:meth:`flush` (the dataset stays usable; reads need no close)."""
         self.flush()
 
     def __enter__(self) -> Dataset:
@@ -483,6 +498,10 @@ class Dataset(EpisodeCollection):
         return self._table.version
 
     def snapshot(self) -> Snapshot:
+        """The snapshot every read uses: commits this object's handed-over episodes first (read-your-writes)."""
+        sink = self._sink
+        if sink is not None and sink.pending and sink.pid == os.getpid():
+            sink.commit()
         if self._snap is None or self._snap.version != self._table.version:
             self._snap = Snapshot(self.location, self._schema, self._table, self._ts_context)
             self._snap.verify = self.verify

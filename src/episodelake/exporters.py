@@ -48,7 +48,7 @@ def episode_table(collection: EpisodeCollection, columns: list[str] | None = Non
     if columns is None:
         columns = [c for c in arrow.schema.names if internal or not c.startswith(INTERNAL_PREFIXES)]
     read = columns if "episode_id" in columns else [*columns, "episode_id"]
-    table = arrow.to_table(columns=read)
+    table = snap._read_table(read)  # a damaged table file is a CorruptionError naming it
     ids = pa.array(np.asarray(collection.episode_ids, dtype=np.int64))
     rank = pc.index_in(table.column("episode_id"), value_set=ids)  # position in episode order, null if outside
     keep = pc.is_valid(rank)

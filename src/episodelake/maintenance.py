@@ -16,11 +16,21 @@ anything a retained version references:
   than the retention window (deltalake's full vacuum);
 * tensor arrays of writers no remaining table file references (a writer killed
   before its first commit), once untouched for the retention window;
-* rows past the last referenced row of an array (a writer killed between its
-  tensor write and its commit): the array is shrunk, which deletes the chunk
-  files wholly past the new end. Unreferenced rows *between* referenced ones
-  (a failed commit followed by successful ones) cannot be reclaimed without
-  rewriting the array; they are counted in ``VacuumReport.unreclaimed_rows``.
+* on object stores, commit arrays (``tensors/<writer>/<commit>/...``) no
+  episode references (a writer killed between its tensor write and its
+  commit, or a commit that failed), once untouched for the retention window;
+* in a writer's single array (local datasets), rows past the last referenced
+  row (a writer killed between its tensor write and its commit): the array is
+  shrunk, which deletes the chunk files wholly past the new end. Unreferenced
+  rows *between* referenced ones (a failed commit followed by successful ones)
+  cannot be reclaimed without rewriting the array; they are counted in
+  ``VacuumReport.unreclaimed_rows``.
+
+``VacuumReport.unreferenced_rows`` counts every stored row no episode
+references: exactly what crashes and failed commits left behind, 0 on a
+healthy dataset. (Object-store arrays written by 0.1.0 started each commit on
+a fresh shard; the rows skipped to get there were never written and are not
+counted.)
 
 The retention window is what keeps a concurrent writer safe: its uncommitted
 Parquet file or tensor rows are seconds old. Vacuuming with ``retention_hours=0``
@@ -46,7 +56,7 @@ from .errors import CorruptionError, ReadOnlyError, ValidationError
 from .schema import DatasetSchema, FieldSpec, from_storage
 from .snapshot import flatten_lists
 from .table import STAT_PARTS, arrow_schema, has_stats, stat_column
-from .tensors import TensorArray, array_parts, read_many
+from .tensors import COMMIT_SHIFT, ROW_MASK, TensorArray, array_parts, read_many, split_ref
 
 if TYPE_CHECKING:
     from .dataset import Dataset
@@ -110,6 +120,7 @@ class VacuumReport:
     tensor_arrays: list[str] = field(default_factory=list)
     truncated: list[dict[str, Any]] = field(default_factory=list)
     temp_files: list[str] = field(default_factory=list)
+    unreferenced_rows: int = 0
     unreclaimed_rows: int = 0
 
     def to_json(self) -> dict[str, Any]:
@@ -131,7 +142,7 @@ def validate(ds: Dataset, tensors: bool = True) -> ValidationReport:
     report.problems += log_problems(loc)
     adds = pa.table(ds._table.dt.get_add_actions(flatten=True)).to_pylist()
     seen: dict[int, str] = {}
-    arrays: dict[tuple[str, str], TensorArray | None] = {}
+    arrays: dict[tuple[str, int, str], TensorArray | None] = {}
     for add in adds:
         report.table_files += 1
         rel = add["path"]
@@ -211,7 +222,7 @@ def _check_episode(
     row: int,
     path: str,
     seen: dict[int, str],
-    arrays: dict[tuple[str, str], TensorArray | None],
+    arrays: dict[tuple[str, int, str], TensorArray | None],
     report: ValidationReport,
     tensors: bool,
 ) -> None:
@@ -241,7 +252,7 @@ def _check_episode(
             if got is not None:
                 report.tensor_rows += rows
                 if zlib.crc32(np.ascontiguousarray(got).data) != rec[f"crc/{f.key}"].as_py():
-                    arr = arrays[(rec["writer"].as_py(), f.key)]
+                    arr = arrays[(rec["writer"].as_py(), split_ref(rec[f"ref/{f.key}"].as_py())[0], f.key)]
                     where = arr.where if arr else path
                     problem("checksum", f"field {f.key!r}: CRC-32 of its tensor rows differs", where)
         else:
@@ -269,17 +280,17 @@ def _table_rows(f: FieldSpec, scalar: pa.Scalar, rows: int, problem) -> np.ndarr
 
 def _tensor_rows(ds: Dataset, f: FieldSpec, rec, rows: int, arrays, problem, read: bool) -> np.ndarray | None:
     writer = rec["writer"].as_py()
-    key = (writer, f.key)
+    commit, start = split_ref(rec[f"ref/{f.key}"].as_py())
+    key = (writer, commit, f.key)
     if key not in arrays:
         try:
-            arrays[key] = TensorArray.open(ds.location, writer, f, ds._ts_context)
+            arrays[key] = TensorArray.open(ds.location, writer, f, ds._ts_context, commit=commit)
         except CorruptionError as exc:
             arrays[key] = None
-            problem("tensor", str(exc), ds.location.child_url(*array_parts(writer, f)))
+            problem("tensor", str(exc), ds.location.child_url(*array_parts(writer, f, commit)))
     arr = arrays[key]
     if arr is None:
         return None
-    start = rec[f"ref/{f.key}"].as_py()
     if start < 0 or start + rows > arr.rows:
         problem("tensor", f"field {f.key!r} references rows [{start}, {start + rows}), array has {arr.rows}", arr.where)
         return None
@@ -351,12 +362,15 @@ def vacuum(ds: Dataset, dry_run: bool = False, retention_hours: float = DEFAULT_
     return report
 
 
-def _referenced_rows(ds: Dataset, doomed: set[str]) -> dict[tuple[str, str], tuple[int, int]]:
-    """(writer, field key) -> (end of the last referenced row, rows referenced), over every surviving file."""
+Runs = dict[tuple[str, int, str], tuple[np.ndarray, np.ndarray]]
+
+
+def _referenced_rows(ds: Dataset, doomed: set[str]) -> Runs:
+    """(writer, commit, field key) -> (first rows, stops) of every episode in a surviving table file."""
     loc = ds.location
     fields = ds.schema.tensor_fields
     columns = ["writer", "length", *(f"ref/{f.key}" for f in fields)]
-    out: dict[tuple[str, str], tuple[int, int]] = {}
+    parts: dict[tuple[str, int, str], list[tuple[np.ndarray, np.ndarray]]] = {}
     for path in loc.fs.glob(loc.child("episodes", "**", "*.parquet")):
         if f"/{_LOG_DIR[1]}/" in path or path in doomed:
             continue
@@ -368,23 +382,38 @@ def _referenced_rows(ds: Dataset, doomed: set[str]) -> dict[tuple[str, str], tup
         writers = tbl["writer"].to_numpy(zero_copy_only=False)
         lengths = tbl["length"].to_numpy()
         for f in fields:
-            rows = lengths + (1 if f.role == "observation" else 0)
-            stops = tbl[f"ref/{f.key}"].to_numpy() + rows
+            refs = tbl[f"ref/{f.key}"].to_numpy()
+            starts = refs & ROW_MASK
+            stops = starts + lengths + (1 if f.role == "observation" else 0)
+            commits = refs >> COMMIT_SHIFT
             for w in np.unique(writers):
-                mine = writers == w
-                end, count = out.get((w, f.key), (0, 0))
-                out[(w, f.key)] = (max(end, int(stops[mine].max())), count + int(rows[mine].sum()))
-    return out
+                for c in np.unique(commits[writers == w]).tolist():
+                    mine = (writers == w) & (commits == c)
+                    parts.setdefault((str(w), c, f.key), []).append((starts[mine], stops[mine]))
+    return {k: (np.concatenate([a for a, _ in v]), np.concatenate([b for _, b in v])) for k, v in parts.items()}
 
 
-def _vacuum_tensors(
-    ds: Dataset, refs: dict[tuple[str, str], tuple[int, int]], cutoff: float, report: VacuumReport
-) -> None:
+def _unreferenced(starts: np.ndarray, stops: np.ndarray, rows: int, align: int) -> tuple[int, int]:
+    """(unreferenced rows inside the referenced span, unreferenced rows after it) of an array of ``rows`` rows.
+
+    Each commit started at a multiple of ``align`` (0.1.0 object-store arrays:
+    a shard); rows skipped to reach it were never written and do not count.
+    """
+    order = np.argsort(starts, kind="stable")
+    inside, end = 0, 0
+    for a, b in zip(starts[order].tolist(), stops[order].tolist(), strict=True):
+        if a > end:
+            inside += max(0, a - -(-end // align) * align)
+        end = max(end, b)
+    return inside, max(0, rows - -(-end // align) * align)
+
+
+def _vacuum_tensors(ds: Dataset, refs: Runs, cutoff: float, report: VacuumReport) -> None:
     loc = ds.location
     root = loc.child("tensors")
     if not loc.fs.exists(root):
         return
-    live = {w for w, _ in refs}
+    live = {w for w, _, _ in refs}
     for wdir in sorted(loc.fs.ls(root, detail=False)):
         writer = wdir.rstrip("/").rsplit("/", 1)[-1]
         if writer not in live:
@@ -393,16 +422,60 @@ def _vacuum_tensors(
                 if not report.dry_run:
                     loc.fs.rm(wdir, recursive=True)
             continue
+        names = [d.rstrip("/").rsplit("/", 1)[-1] for d in loc.fs.ls(wdir, detail=False)]
+        commits = sorted(int(n) for n in names if n.isdigit())  # field keys start with a role name
         for f in ds.schema.tensor_fields:
-            if not loc.exists(*array_parts(writer, f), "zarr.json"):
-                continue
-            end, count = refs.get((writer, f.key), (0, 0))
-            arr = TensorArray.open(loc, writer, f, ds._ts_context, read_only=report.dry_run)
-            report.unreclaimed_rows += end - count
-            if arr.rows > end and _newest_mtime(loc, loc.child(*array_parts(writer, f))) < cutoff:
-                report.truncated.append({"array": arr.where, "rows": arr.rows, "kept": end})
-                if not report.dry_run:
-                    arr.store.resize(exclusive_max=[end, *f.shape], shrink_only=True).result()
+            _vacuum_single_array(ds, writer, f, refs, cutoff, report)
+            for commit in commits:
+                _vacuum_commit_array(ds, writer, commit, f, refs, cutoff, report)
+        if not report.dry_run:
+            for commit in commits:  # a commit directory whose arrays all went
+                cdir = loc.child("tensors", writer, str(commit))
+                if loc.is_local and loc.fs.exists(cdir) and not loc.fs.find(cdir):
+                    loc.fs.rm(cdir, recursive=True)
+
+
+def _vacuum_single_array(
+    ds: Dataset, writer: str, f: FieldSpec, refs: Runs, cutoff: float, report: VacuumReport
+) -> None:
+    """A writer's single array: count unreferenced rows, shrink it to its last referenced row."""
+    loc = ds.location
+    parts = array_parts(writer, f)
+    if not loc.exists(*parts, "zarr.json"):
+        return
+    starts, stops = refs.get((writer, 0, f.key), (np.zeros(0, np.int64), np.zeros(0, np.int64)))
+    end = int(stops.max()) if len(stops) else 0
+    arr = TensorArray.open(loc, writer, f, ds._ts_context, read_only=report.dry_run)
+    align = 1 if loc.is_local else arr.write_rows
+    inside, after = _unreferenced(starts, stops, arr.rows, align)
+    report.unreferenced_rows += inside + after
+    report.unreclaimed_rows += inside
+    if arr.rows > end and _newest_mtime(loc, loc.child(*parts)) < cutoff:
+        report.truncated.append({"array": arr.where, "rows": arr.rows, "kept": end})
+        if not report.dry_run:
+            assert arr.store is not None
+            arr.store.resize(exclusive_max=[end, *f.shape], shrink_only=True).result()
+
+
+def _vacuum_commit_array(
+    ds: Dataset, writer: str, commit: int, f: FieldSpec, refs: Runs, cutoff: float, report: VacuumReport
+) -> None:
+    """One commit's array (object stores): removed whole when no episode references it."""
+    loc = ds.location
+    parts = array_parts(writer, f, commit)
+    if not loc.exists(*parts, "zarr.json"):
+        return
+    arr = TensorArray.open(loc, writer, f, ds._ts_context, commit=commit)
+    if (writer, commit, f.key) in refs:
+        inside, after = _unreferenced(*refs[(writer, commit, f.key)], arr.rows, 1)
+        report.unreferenced_rows += inside + after
+        report.unreclaimed_rows += inside + after
+        return
+    report.unreferenced_rows += arr.rows
+    if _newest_mtime(loc, loc.child(*parts)) < cutoff:
+        report.tensor_arrays.append(loc.child(*parts))
+        if not report.dry_run:
+            loc.fs.rm(loc.child(*parts), recursive=True)
 
 
 def _newest_mtime(loc: Location, path: str) -> float:

@@ -16,6 +16,13 @@ For a :class:`~episodelake.dataset.DatasetView` both views hold only the view's
 episodes. Each query gets its own cursor, so a returned relation stays valid
 (and lazy) however many queries follow it.
 
+Damaged table files: the first query of a snapshot checks that every table
+file its log references exists with the logged size (one listing, no file is
+opened, so partition pruning is kept); a missing or truncated file raises
+:class:`~episodelake.errors.CorruptionError` naming it. A scan that fails later
+(damage inside a file) is reported as ``CorruptionError`` too, except from a
+lazy relation returned by :func:`run_sql`, which DuckDB fetches in the caller.
+
 Statistics come from one SQL aggregate over the per-episode mergeable
 statistics (``stats/<key>/{count,sum,sumsq,min,max}``) written at commit time.
 They are loaded once per snapshot into a flat in-memory table in episode order
@@ -39,10 +46,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .errors import CorruptionError, QueryError
+from .errors import CorruptionError, EpisodeLakeError, QueryError
 from .schema import FieldSpec
 from .snapshot import Snapshot
-from .table import STAT_PARTS, has_stats, stat_column
+from .table import STAT_PARTS, EpisodeTable, has_stats, stat_column
 
 if TYPE_CHECKING:
     from .dataset import DatasetView, EpisodeCollection
@@ -80,6 +87,40 @@ class _SnapshotSQL:
         self.db = duckdb.connect()
         self.lock = threading.Lock()
         self._stats: dict[str, np.ndarray | pa.Array] = {}
+        self._files_checked = False
+
+    def check_files(self, again: bool = False) -> None:
+        """Every table file exists with the size its log entry records, else CorruptionError naming it.
+
+        Once per snapshot unless ``again``. A listing, not a read: partition
+        pruning still decides which files a query opens.
+        """
+        with self.lock:
+            if self._files_checked and not again:
+                return
+            snap = self.snap
+            adds = EpisodeTable.open(snap.loc, snap.version).dt.get_add_actions(flatten=True)
+            root = snap.loc.child("episodes")
+            fs = snap.loc.fs
+            listed = {p: info["size"] for p, info in fs.find(root, detail=True).items()}
+            for rel, size in zip(adds.column("path").to_pylist(), adds.column("size_bytes").to_pylist(), strict=True):
+                path = snap.loc.child("episodes", rel)
+                found = listed.get(path)
+                if found is None:
+                    raise CorruptionError(f"{snap.loc.url} version {snap.version}: table file {path} is missing")
+                if found != size:
+                    raise CorruptionError(
+                        f"{snap.loc.url} version {snap.version}: table file {path} has {found} bytes, "
+                        f"its log entry says {size} (truncated or overwritten)"
+                    )
+            self._files_checked = True
+
+    def scan_failed(self, exc: duckdb.Error) -> CorruptionError | None:
+        """The CorruptionError for a DuckDB error raised while scanning the episode table, else None."""
+        if "'episode_table'" not in str(exc):  # DuckDB names the Arrow stream that failed
+            return None
+        self.check_files(again=True)  # Arrow caches footers, so list again rather than re-read to find the file
+        return CorruptionError(f"{self.snap.loc.url} version {self.snap.version}: episode table unreadable: {exc}")
 
     def lookup(self, ids: np.ndarray) -> np.ndarray:
         """Snapshot position of each id, in the given order; unknown ids raise :class:`QueryError`."""
@@ -105,7 +146,7 @@ class _SnapshotSQL:
     def _load_stats(self, fields: list[FieldSpec], with_index: bool) -> dict[str, np.ndarray | pa.Array]:
         base = ["length", "return"] if with_index else []
         cols = [stat_column(f, p) for f in fields for p in STAT_PARTS]
-        tbl = self.snap.arrow_dataset().to_table(columns=["episode_id", *base, *cols])
+        tbl = self.snap._read_table(["episode_id", *base, *cols])
         # rows come in file order: ``order`` puts them in episode order (snapshot positions)
         pos = self.lookup(tbl.column("episode_id").to_numpy())
         n = self.snap.num_episodes
@@ -167,7 +208,9 @@ def _steps_columns(collection: EpisodeCollection) -> tuple[str, str]:
 def connect(collection: EpisodeCollection) -> duckdb.DuckDBPyConnection:
     """A fresh DuckDB cursor with the ``episodes`` and ``steps`` views of ``collection``."""
     snap = collection.snapshot()
-    cur = _state(snap).db.cursor()
+    state = _state(snap)
+    state.check_files()
+    cur = state.db.cursor()
     cur.register("episode_table", snap.arrow_dataset())
     restriction = ""
     if _is_view(collection):
@@ -190,7 +233,7 @@ def run_sql(collection: EpisodeCollection, query: str, params: Any = None) -> du
     try:
         return cur.sql(query, params=params)
     except duckdb.Error as exc:
-        raise QueryError(f"SQL error in {query!r}: {exc}") from exc
+        raise _fetch_error(collection, exc, f"SQL error in {query!r}") from exc
 
 
 def sql_arrow(collection: EpisodeCollection, query: str, params: Any = None) -> pa.Table:
@@ -198,7 +241,15 @@ def sql_arrow(collection: EpisodeCollection, query: str, params: Any = None) -> 
     rel = run_sql(collection, query, params)
     if rel is None:
         raise QueryError(f"query {query!r} returns no rows to fetch")
-    return rel.to_arrow_table()
+    try:
+        return rel.to_arrow_table()
+    except duckdb.Error as exc:
+        raise _fetch_error(collection, exc, f"SQL error in {query!r}") from exc
+
+
+def _fetch_error(collection: EpisodeCollection, exc: duckdb.Error, what: str) -> EpisodeLakeError:
+    """A DuckDB error while fetching: CorruptionError when the table scan failed, else QueryError."""
+    return _state(collection.snapshot()).scan_failed(exc) or QueryError(f"{what}: {exc}")
 
 
 def column_numpy(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
@@ -230,6 +281,7 @@ def _view(collection: EpisodeCollection, ids: np.ndarray) -> DatasetView:
 
 
 def _episode_ids(
+    collection: EpisodeCollection,
     cur: duckdb.DuckDBPyConnection,
     relation: Callable[[duckdb.DuckDBPyConnection], duckdb.DuckDBPyRelation | None],
     what: str,
@@ -241,7 +293,7 @@ def _episode_ids(
             raise QueryError(f"{what}: the query returns no rows")
         tbl = rel.to_arrow_table()
     except duckdb.Error as exc:
-        raise QueryError(f"{what}: {exc}") from exc
+        raise _fetch_error(collection, exc, what) from exc
     if "episode_id" not in tbl.column_names:
         raise QueryError(f"{what}: the query must return an episode_id column, got {tbl.column_names}")
     ids = tbl.column("episode_id")
@@ -258,6 +310,7 @@ def where(collection: EpisodeCollection, predicate: str) -> DatasetView:
     if not isinstance(predicate, str) or not predicate.strip():
         raise QueryError(f"where() needs a SQL predicate string, got {predicate!r}")
     ids = _episode_ids(
+        collection,
         connect(collection),
         lambda cur: cur.table("episodes").filter(predicate).project("episode_id"),
         f"invalid where() predicate {predicate!r}",
@@ -272,7 +325,9 @@ def select_episodes(collection: EpisodeCollection, query: str) -> DatasetView:
     """
     if not isinstance(query, str) or not query.strip():
         raise QueryError(f"select_episodes() needs a SQL query string, got {query!r}")
-    ids = _episode_ids(connect(collection), lambda cur: cur.sql(query), f"invalid select_episodes() query {query!r}")
+    ids = _episode_ids(
+        collection, connect(collection), lambda cur: cur.sql(query), f"invalid select_episodes() query {query!r}"
+    )
     view = _view(collection, ids)
     if _is_view(collection):
         outside = np.setdiff1d(view.positions, collection.positions)

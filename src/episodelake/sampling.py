@@ -24,8 +24,10 @@ padding slot adjacent to the real run show the neighbouring real observation.
 from __future__ import annotations
 
 import copy
+import hashlib
 import queue
 import threading
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -33,11 +35,11 @@ import numpy as np
 
 from .batching import WindowReader
 from .errors import ValidationError
-from .segment_index import SegmentIndex, check_positive
-from .segments import Segment
+from .segment_index import SegmentIndex, check_positive, check_seed
+from .segments import Segment, meta_fill
 from .snapshot import Snapshot
 
-STATE_FORMAT = 1
+STATE_FORMAT = 2
 _READER_LOCK = threading.Lock()
 
 
@@ -135,6 +137,7 @@ class SegmentBatch(Segment):
             self.episode_id,
             None if self.start is None else self.start + start,
             self.time_axis,
+            self.meta_mask.flat(),
         )
 
     def _split_at(self) -> int:
@@ -162,10 +165,7 @@ def collate(items: Segment | Sequence[Segment]) -> SegmentBatch:
     if not items:
         raise ValidationError("collate needs at least one segment")
     first = items[0]
-    meta = {k: np.asarray([it.meta.flat()[k] for it in items]) for k in first.meta.flat()}
-    for k, v in meta.items():
-        if v.dtype.kind in "OU":
-            meta[k] = np.array([it.meta.flat()[k] for it in items], dtype=object)
+    meta, meta_mask = _collate_meta(first.schema, items)
     seg = Segment(
         first.schema,
         {k: np.stack([it.data[k] for it in items]) for k in first.data},
@@ -176,16 +176,35 @@ def collate(items: Segment | Sequence[Segment]) -> SegmentBatch:
         np.asarray([it.episode_id for it in items], dtype=np.int64),
         np.asarray([it.start for it in items], dtype=np.int64),
         time_axis=1,
+        meta_mask=meta_mask,
     )
     return SegmentBatch.wrap(seg)
 
 
+def _collate_meta(schema: Any, items: list[Segment]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Typed meta arrays and validity masks of single segments (unset values: fill value, mask False)."""
+    meta, meta_mask = {}, {}
+    for k in items[0].meta.flat():
+        values = [it.meta.flat()[k] for it in items]
+        valid = np.array([bool(it.meta_mask.flat()[k]) for it in items], dtype=bool)
+        dtype = schema[k].np_dtype
+        if dtype.kind == "U":
+            meta[k] = np.array([v if ok else None for v, ok in zip(values, valid, strict=True)], dtype=object)
+        else:
+            meta[k] = np.full((len(items), *schema[k].shape), meta_fill(dtype), dtype=dtype)
+            if valid.any():
+                meta[k][valid] = np.stack([np.asarray(v, dtype) for v, ok in zip(values, valid, strict=True) if ok])
+        meta_mask[k] = valid
+    return meta, meta_mask
+
+
 def unbatch(batch: Segment, i: int) -> Segment:
-    """Item ``i`` of a batch as a single Segment (views; meta as Python values)."""
+    """Item ``i`` of a batch as a single Segment (views; meta as Python values, unset ones the fill value)."""
     meta = {}
     for k, v in batch.meta.flat().items():
         x = v[i]
         meta[k] = x.item() if isinstance(x, np.generic) else x
+    meta_mask = {k: bool(v[i]) for k, v in batch.meta_mask.flat().items()}
     return Segment(
         batch.schema,
         {k: v[i] for k, v in batch.data.items()},
@@ -195,6 +214,7 @@ def unbatch(batch: Segment, i: int) -> Segment:
         meta,
         int(batch.episode_id[i]),
         int(batch.start[i]),
+        meta_mask=meta_mask,
     )
 
 
@@ -253,8 +273,38 @@ class SegmentDataset:
         return f"SegmentDataset({len(self)} segments of {self.sequence_length} transitions)"
 
 
+FINITE_MODES = ("ordered", "permutation")
+SHARD_POLICIES = ("wrap", "drop")
+
+
+def fingerprint(*arrays: np.ndarray) -> str:
+    """A short digest of arrays' values: tells two selections (or weightings) apart in a saved state."""
+    h = hashlib.sha256()
+    for a in arrays:
+        h.update(np.ascontiguousarray(a).tobytes())
+        h.update(b"|")
+    return h.hexdigest()[:16]
+
+
 class _Planner:
-    """Which segment ids each batch holds, and the state to resume from after it."""
+    """Which global segment ids each batch holds, and the state to resume from after it.
+
+    Finite passes walk a global sequence of the ``N`` segment ids: ``0 .. N - 1``
+    (``"ordered"``) or a permutation seeded by ``(seed, epoch)``
+    (``"permutation"``). ``consumed`` counts the sequence positions the whole
+    world took in this pass; rank ``r`` of world ``w`` deals positions
+    round-robin, so its next batch holds positions ``consumed + r + w * j``
+    for ``j < b``, where ``b = min(batch_size, ceil((N - consumed) / w))``
+    (``"wrap"``: positions ``>= N`` wrap to the start of the sequence) or
+    ``floor((N - consumed) / w)`` (``"drop"``). Every rank computes the same
+    ``b``, so every rank yields the same number of batches, and after ``k``
+    batches exactly positions ``[0, consumed)`` are taken whatever the world
+    size: a state resumes on any rank, and on a new world size.
+
+    With replacement (and with a custom sampler) each rank draws from its own
+    shard of the index (:class:`SegmentIndex`), with a generator seeded by
+    ``seed`` (world size 1) or ``(seed, rank)``; that state is per rank.
+    """
 
     def __init__(
         self,
@@ -265,74 +315,156 @@ class _Planner:
         mass: np.ndarray | None,
         sampler: Any,
         drop_last: bool,
+        shard_policy: str,
+        params: dict[str, Any],
+        seed_given: bool,
     ) -> None:
         self.index = index
         self.batch_size = batch_size
         self.mode = mode
-        self.seed = seed
         self.mass = mass
         self.sampler = sampler
         self.drop_last = drop_last
-        self.rng = np.random.default_rng(seed)
-        self.cursor = 0
-        self.batches = 0
+        self.shard_policy = shard_policy
+        self.params = params
+        self.seed_given = seed_given
+        self._reset(seed, epoch=0, consumed=0)
+
+    def _reset(self, seed: int, epoch: int, consumed: int) -> None:
+        self.seed = seed
+        self.params["seed"] = seed
+        self.rng = np.random.default_rng(seed if self.index.world == 1 else [seed, self.index.rank])
+        self.epoch = epoch
+        self.consumed = consumed
+        self.ended = False  # a pass that ended stays ended, even where another world size could go on
         self._perm: np.ndarray | None = None
 
+    @property
+    def finite(self) -> bool:
+        return self.mode in FINITE_MODES
+
+    def per_rank(self, left: int) -> int:
+        """Items each rank takes from ``left`` remaining positions of a pass."""
+        w = self.index.world
+        return max(-(-left // w) if self.shard_policy == "wrap" else left // w, 0)
+
+    def _next_count(self) -> int:
+        b = min(self.batch_size, self.per_rank(self.index.total - self.consumed))
+        return 0 if self.drop_last and b < self.batch_size else b
+
+    def pass_finished(self) -> bool:
+        return self.finite and (self.ended or self._next_count() == 0)
+
+    def new_pass(self) -> None:
+        self.epoch += 1
+        self.consumed = 0
+        self.ended = False
+        self._perm = None
+
     def next_ids(self) -> np.ndarray | None:
-        """Ids of the next batch; None at the end of a finite pass."""
-        B, n = self.batch_size, len(self.index)
+        """Global segment ids of the next batch; None at the end of a finite pass."""
+        B, index = self.batch_size, self.index
         if self.mode == "random":
             if self.mass is None:
-                ids = self.index.sample_uniform(self.rng, B)
+                local = index.sample_uniform(self.rng, B)
             else:
-                ids = self.index.sample_weighted(self.rng, B, self.mass)
-        elif self.mode == "sampler":
-            ids = np.asarray(self.sampler.sample(self.index, B))
-            if ids.size == 0:
-                return None
-        else:
-            stop = min(self.cursor + B, n)
-            if self.cursor >= n or (self.drop_last and stop - self.cursor < B):
-                return None
-            if self.mode == "ordered":
-                ids = np.arange(self.cursor, stop, dtype=np.int64)
-            else:
-                if self._perm is None:
-                    self._perm = np.random.default_rng(self.seed).permutation(n)
-                ids = self._perm[self.cursor : stop]
-            self.cursor = stop
-        self.batches += 1
-        return ids
+                local = index.sample_weighted(self.rng, B, self.mass)
+            return index.to_global(local)
+        if self.mode == "sampler":
+            local = np.asarray(self.sampler.sample(index, B))
+            return None if local.size == 0 else index.to_global(local)
+        b = 0 if self.ended else self._next_count()
+        if b == 0:
+            self.ended = True
+            return None
+        N = index.total
+        pos = (self.consumed + index.rank + index.world * np.arange(b, dtype=np.int64)) % N
+        self.consumed += b * index.world
+        if self.mode == "ordered":
+            return pos
+        if self._perm is None:
+            self._perm = np.random.default_rng([self.seed, self.epoch]).permutation(N)
+        return self._perm[pos]
 
     def state(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "format": STATE_FORMAT,
             "mode": self.mode,
-            "seed": self.seed,
-            "segments": len(self.index),
-            "batches": self.batches,
-            "cursor": self.cursor,
-            "rng": copy.deepcopy(self.rng.bit_generator.state),
+            "params": dict(self.params),
+            "epoch": self.epoch,
+            "consumed": self.consumed,
+            "finished": self.pass_finished(),
         }
+        if self.mode == "random":
+            out["rng"] = copy.deepcopy(self.rng.bit_generator.state)
         if self.mode == "sampler" and hasattr(self.sampler, "state_dict"):
             out["sampler"] = copy.deepcopy(self.sampler.state_dict())
         return out
 
+    def check(self, state: dict[str, Any]) -> None:
+        """Raise ValidationError naming the first parameter in which ``state``'s stream differs from this one."""
+        if not isinstance(state, dict):
+            raise ValidationError(f"state_dict: expected a dict, got {type(state).__name__}")
+        if state.get("format") != STATE_FORMAT:
+            raise ValidationError(f"state_dict: format is {state.get('format')!r}, this version reads {STATE_FORMAT}")
+        saved, mine = state.get("params") or {}, self.params
+
+        def mismatch(name: str, theirs: Any, ours: Any) -> ValidationError:
+            return ValidationError(
+                f"state_dict: {name} is {theirs!r} in the saved state but {ours!r} in this stream "
+                "(a state loads only into a stream over the same segments, sampled the same way)"
+            )
+
+        if state.get("mode") != self.mode:
+            raise mismatch("mode (shuffle/replacement/sampler)", state.get("mode"), self.mode)
+        for key in ("sequence_length", "pad", "stride", "segments", "episodes", "weights", "drop_last"):
+            if saved.get(key) != mine[key]:
+                raise mismatch(key, saved.get(key), mine[key])
+        if self.mode in ("permutation", "random") and self.seed_given and saved.get("seed") != mine["seed"]:
+            raise mismatch("seed", saved.get("seed"), mine["seed"])
+        if self.finite:
+            if saved.get("shard_policy") != mine["shard_policy"]:
+                raise mismatch("shard_policy", saved.get("shard_policy"), mine["shard_policy"])
+            theirs = _global_batch(saved)
+            ours = mine["batch_size"] * mine["world"]
+            if saved.get("world") == mine["world"] and saved.get("batch_size") != mine["batch_size"]:
+                raise mismatch("batch_size", saved.get("batch_size"), mine["batch_size"])
+            if theirs != ours:
+                raise mismatch("global batch size (batch_size * world size)", theirs, ours)
+        else:
+            for key in ("world", "rank"):
+                if saved.get(key) != mine[key]:
+                    raise mismatch(
+                        f"shard {key} (per-rank state of a stream with replacement or a sampler)",
+                        saved.get(key),
+                        mine[key],
+                    )
+            if saved.get("batch_size") != mine["batch_size"]:
+                raise mismatch("batch_size", saved.get("batch_size"), mine["batch_size"])
+        for key in ("epoch", "consumed"):
+            value = state.get(key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValidationError(f"state_dict: {key} must be an int >= 0, got {value!r}")
+        if self.mode == "random" and not isinstance(state.get("rng"), dict):
+            raise ValidationError("state_dict: no generator state ('rng') saved")
+        if self.mode == "sampler" and "sampler" not in state and hasattr(self.sampler, "state_dict"):
+            raise ValidationError("state_dict: no sampler state saved, but this stream's sampler has one")
+
     def load(self, state: dict[str, Any]) -> None:
-        for key, want in (("format", STATE_FORMAT), ("mode", self.mode), ("segments", len(self.index))):
-            if state.get(key) != want:
-                raise ValidationError(f"state_dict: {key} is {state.get(key)!r}, this stream has {want!r}")
-        if self.mode == "sampler":
-            if "sampler" in state:
-                self.sampler.load_state_dict(copy.deepcopy(state["sampler"]))
-            elif hasattr(self.sampler, "state_dict"):
-                raise ValidationError("state_dict: no sampler state saved, but this stream's sampler has one")
-        self.seed = state["seed"]
-        self.rng = np.random.default_rng(self.seed)
-        self.rng.bit_generator.state = copy.deepcopy(state["rng"])
-        self.cursor = int(state["cursor"])
-        self.batches = int(state["batches"])
-        self._perm = None
+        self.check(state)
+        if self.mode == "sampler" and "sampler" in state:
+            self.sampler.load_state_dict(copy.deepcopy(state["sampler"]))
+        self._reset(int(state["params"]["seed"]), int(state["epoch"]), int(state["consumed"]))
+        self.ended = bool(state.get("finished"))
+        if self.mode == "random":
+            self.rng.bit_generator.state = copy.deepcopy(state["rng"])
+
+
+def _global_batch(params: dict[str, Any]) -> Any:
+    try:
+        return int(params["batch_size"]) * int(params["world"])
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 _END = object()
@@ -342,7 +474,11 @@ class _Prefetcher:
     """A background thread keeping up to ``depth`` built batches ready (bounded queue).
 
     It references only the planner and the build function, never the stream,
-    so dropping the stream stops it.
+    so dropping the stream stops it. Every live prefetcher is stopped and
+    joined by :func:`_stop_all_prefetchers` before the interpreter tears down,
+    so no thread is inside a TensorStore read when TensorStore's static
+    destructors run (that aborts the process: "terminate called without an
+    active exception").
     """
 
     def __init__(self, planner: _Planner, build: Callable[[np.ndarray], SegmentBatch], depth: int) -> None:
@@ -351,6 +487,7 @@ class _Prefetcher:
         self._thread = threading.Thread(
             target=self._run, args=(planner, build), daemon=True, name="episodelake-prefetch"
         )
+        _LIVE_PREFETCHERS.add(self)
         self._thread.start()
 
     def _run(self, planner: _Planner, build: Callable[[np.ndarray], SegmentBatch]) -> None:
@@ -365,15 +502,38 @@ class _Prefetcher:
                 return
 
     def get(self) -> Any:
-        return self.queue.get()
+        """The next item; raises ``RuntimeError`` once stopped with nothing left (instead of blocking forever)."""
+        while True:
+            try:
+                return self.queue.get(timeout=0.1)
+            except queue.Empty:
+                if self._stop.is_set() and not self._thread.is_alive():
+                    raise RuntimeError("the stream's prefetch thread was stopped (interpreter exit)") from None
 
     def stop(self) -> None:
+        """Stop the thread and wait until it ended (its current batch read completes first)."""
         self._stop.set()
+        _LIVE_PREFETCHERS.discard(self)
+        if threading.current_thread() is self._thread:
+            return
         while self._thread.is_alive():  # unblock a pending put, then let the thread see the flag
             try:
                 self.queue.get_nowait()
             except queue.Empty:
                 self._thread.join(timeout=0.05)
+
+
+_LIVE_PREFETCHERS: weakref.WeakSet[_Prefetcher] = weakref.WeakSet()
+
+
+def _stop_all_prefetchers() -> None:
+    for prefetcher in list(_LIVE_PREFETCHERS):
+        prefetcher.stop()
+
+
+# threading's exit hooks run at the start of interpreter shutdown, before non-daemon
+# threads are joined, before atexit callbacks and long before native static destructors.
+threading._register_atexit(_stop_all_prefetchers)
 
 
 class SegmentStream:
@@ -399,13 +559,31 @@ class SegmentStream:
         sampler: an object with ``sample(index, batch_size)`` returning
             segment ids in ``[0, len(index))`` (optionally ``state_dict()`` /
             ``load_state_dict()`` for resume; an empty result ends the stream).
-        shard: ``(rank, world_size)``: sample only this rank's disjoint share.
+        shard: ``(rank, world_size)``. Finite passes deal the pass's global
+            segment sequence round-robin over the ranks, and every rank yields
+            the same number of batches (see ``shard_policy``); with
+            replacement or a sampler each rank samples its own disjoint share
+            of the index.
+        shard_policy: how a finite sharded pass evens out ``N`` segments over
+            ``w`` ranks: ``"wrap"`` (default, like
+            ``torch.utils.data.DistributedSampler``) repeats the first
+            ``ceil(N / w) * w - N`` positions of the pass; ``"drop"`` leaves
+            out the last ``N % w``.
         prefetch: batches built ahead by a background thread (0: none).
         drop_last: in finite passes, drop a last batch smaller than ``batch_size``.
 
+    A finite stream ends each pass with ``StopIteration``; iterating it again
+    (``iter(stream)``, a new ``for`` loop) starts the next pass (epoch), in a
+    new order for ``replacement=False``.
+
     ``state_dict()`` describes the position after the last batch returned
     (not after batches prefetched but not yet returned); a stream built with
-    the same arguments resumes exactly with ``load_state_dict()``.
+    the same arguments resumes exactly with ``load_state_dict()``, which
+    raises ValidationError naming the first parameter that differs. A finite
+    pass's state counts the global positions consumed, so it loads on any
+    rank and, at the same global batch size ``batch_size * world_size``, on a
+    different world size: rank ``r`` of the new world continues from that
+    global position.
     """
 
     def __init__(
@@ -428,6 +606,7 @@ class SegmentStream:
         shard: Sequence[int] | None = None,
         prefetch: int = 2,
         drop_last: bool = False,
+        shard_policy: str = "wrap",
     ) -> None:
         if context_length is not None or target_length is not None:
             if context_length is None or target_length is None:
@@ -449,24 +628,58 @@ class SegmentStream:
             raise ValidationError("sampler must have a sample(index, batch_size) method")
         if weights is not None and (sampler is not None or not (shuffle and replacement)):
             raise ValidationError("weights apply to the default with-replacement sampler only")
+        if shard_policy not in SHARD_POLICIES:
+            raise ValidationError(f"shard_policy must be 'wrap' or 'drop', got {shard_policy!r}")
+        check_seed(seed)
         snap, positions = select(collection, where, filter)
         self.index = SegmentIndex(positions, snap.lengths[positions], L, pad, stride, shard)
         self.sequence_length, self.context_length = L, C
         self._build = _BatchBuilder(self.index, reader_for(snap), L, C)
-        mass = None
+        per_episode = None
         if weights is not None:
-            mass = self.index.episode_weights_table(episode_weights(collection, snap, positions, weights))
+            per_episode = episode_weights(collection, snap, positions, weights)
+        mass = None if per_episode is None else self.index.episode_weights_table(per_episode)
         if sampler is not None:
             mode = "sampler"
         elif not shuffle:
             mode = "ordered"
         else:
             mode = "random" if replacement else "permutation"
-        if mode == "random" and sampler is None:
+        if mode == "random":
             self.index.sample_uniform(np.random.default_rng(0), 0)  # fail now if there is nothing to sample
+        if mode == "permutation" and self.index.world > 1 and seed is None:
+            raise ValidationError(
+                "seed: a sharded pass with replacement=False needs an explicit seed, the same on every rank "
+                "(each rank must draw the same permutation)"
+            )
+        seed_given = seed is not None
         if seed is None:
             seed = int(np.random.SeedSequence().entropy % (1 << 63))
-        self._planner = _Planner(self.index, self.batch_size, mode, int(seed), mass, sampler, drop_last)
+        params = {
+            "sequence_length": L,
+            "pad": self.index.pad,
+            "stride": self.index.stride,
+            "segments": self.index.total,
+            "episodes": fingerprint(snap.index["episode_id"][positions].astype(np.int64), self.index.lengths),
+            "weights": None if per_episode is None else fingerprint(np.asarray(per_episode, np.float64)),
+            "drop_last": bool(drop_last),
+            "shard_policy": shard_policy,
+            "batch_size": self.batch_size,
+            "rank": self.index.rank,
+            "world": self.index.world,
+        }
+        self._planner = _Planner(
+            self.index,
+            self.batch_size,
+            mode,
+            int(seed),
+            mass,
+            sampler,
+            bool(drop_last),
+            shard_policy,
+            params,
+            seed_given,
+        )
         self._state = self._planner.state()
         self.prefetch = prefetch
         self._prefetcher: _Prefetcher | None = None
@@ -474,16 +687,27 @@ class SegmentStream:
 
     @property
     def finite(self) -> bool:
-        return self._planner.mode in ("ordered", "permutation")
+        return self._planner.finite
+
+    @property
+    def epoch(self) -> int:
+        """The pass under way (finite streams; 0 for the first)."""
+        return self._planner.epoch
 
     def __len__(self) -> int:
-        """Batches in one pass (finite streams only)."""
+        """Batches this rank yields in one whole pass (finite streams only; the same on every rank)."""
         if not self.finite:
             raise TypeError("an infinite stream has no length")
-        n, B = len(self.index), self.batch_size
+        n, B = self._planner.per_rank(self.index.total), self.batch_size
         return n // B if self._planner.drop_last else -(-n // B)
 
     def __iter__(self) -> Iterator[SegmentBatch]:
+        """The stream itself; on a finite stream whose pass ended, the next pass starts first."""
+        if self._done and self.finite:
+            self.close()
+            self._planner.new_pass()
+            self._state = self._planner.state()
+            self._done = False
         return self
 
     def __next__(self) -> SegmentBatch:
@@ -514,11 +738,15 @@ class SegmentStream:
         return copy.deepcopy(self._state)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue exactly after the batch ``state`` was taken at."""
+        """Continue exactly after the batch ``state`` was taken at (ValidationError if it does not fit).
+
+        A state taken at the end of a pass loads as finished: the next
+        ``iter()`` starts the following pass.
+        """
         self.close()
         self._planner.load(state)
         self._state = self._planner.state()
-        self._done = False
+        self._done = self._planner.pass_finished()
 
     def close(self) -> None:
         """Stop the prefetch thread (the stream can go on; prefetching restarts on demand)."""
@@ -542,7 +770,7 @@ class SegmentStream:
     def __repr__(self) -> str:
         return (
             f"SegmentStream({len(self.index)} segments of {self.sequence_length}, batch_size={self.batch_size}, "
-            f"mode={self._planner.mode})"
+            f"mode={self._planner.mode}, shard=({self.index.rank}, {self.index.world}))"
         )
 
 
@@ -556,7 +784,8 @@ class _BatchBuilder:
         self.context_length = context_length
 
     def __call__(self, ids: np.ndarray) -> SegmentBatch:
-        k, first = self.index.locate(ids)
+        """The batch of global segment ``ids``."""
+        k, first = self.index.locate_global(ids)
         return SegmentBatch.wrap(self.reader.segments(self.index.positions[k], first, self.length), self.context_length)
 
 

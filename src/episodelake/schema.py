@@ -133,6 +133,11 @@ class FieldSpec:
         chunk_rows: rows per Zarr chunk for tensor fields (default: ~1 MiB chunks).
         compression: ``None`` (raw bytes) or ``"zstd"`` for tensor fields.
         description: free text, kept in the descriptor.
+        required: meta fields only. ``True``: every episode must have a value
+            (not None) when it is handed over for commit, else
+            :class:`ValidationError`; an episode whose required fields are
+            still missing waits for them after its last step. ``False``
+            (default): the field is nullable (missing -> NULL).
     """
 
     name: str
@@ -145,6 +150,7 @@ class FieldSpec:
     chunk_rows: int | None = None
     compression: str | None = None
     description: str = ""
+    required: bool = False
     np_dtype: np.dtype = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -175,6 +181,10 @@ class FieldSpec:
             raise SchemaError(f"field {self.name!r}: compression must be None or 'zstd'")
         if self.chunk_rows is not None and self.chunk_rows <= 0:
             raise SchemaError(f"field {self.name!r}: chunk_rows must be positive")
+        if not isinstance(self.required, bool):
+            raise SchemaError(f"field {self.name!r}: required must be a bool")
+        if self.required and role != "meta":
+            raise SchemaError(f"field {self.name!r}: only meta fields can be required (step fields always are)")
 
     @property
     def key(self) -> str:
@@ -239,6 +249,7 @@ class FieldSpec:
             "chunk_rows": self.chunk_rows,
             "compression": self.compression,
             "description": self.description,
+            "required": self.required,
         }
 
     @classmethod

@@ -16,7 +16,9 @@ one random number and one binary search over cumulative weights.
 ``shard=(rank, world_size)`` restricts the index to ids ``i`` with
 ``i % world_size == rank``: shards are disjoint, cover every segment, and
 differ in size by at most one. Local ids ``0 .. len(index) - 1`` of a shard map
-to global ids ``rank + world_size * local``.
+to global ids ``rank + world_size * local``. (Finite passes of a sharded
+:class:`~episodelake.sampling.SegmentStream` do not use this split: they
+deal global positions round-robin so that every rank gets as many batches.)
 """
 
 from __future__ import annotations
@@ -40,6 +42,13 @@ def check_positive(value: object, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int | np.integer) or value <= 0:
         raise ValidationError(f"{name} must be a positive int, got {value!r}")
     return int(value)
+
+
+def check_seed(seed: object) -> int | None:
+    """``seed`` as an int (or None); anything else is a ValidationError naming the argument."""
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0):
+        raise ValidationError(f"seed must be an int >= 0 or None, got {seed!r}")
+    return None if seed is None else int(seed)
 
 
 class SegmentIndex:
@@ -118,7 +127,11 @@ class SegmentIndex:
         transition index of the segment's first slot, negative when a short
         episode is prefix-padded (slot ``t`` holds transition ``row + t``).
         """
-        gid = self.to_global(ids)
+        return self.locate_global(self.to_global(ids))
+
+    def locate_global(self, gid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`locate` for global segment ids (any shard's), ``0 <= gid < total``."""
+        gid = np.asarray(gid, dtype=np.int64)
         k = self.guide[(gid * self.buckets) // max(self.total, 1)] if gid.size else gid
         behind = self.cum[k + 1] <= gid
         while behind.any():

@@ -8,6 +8,12 @@ the same container with a leading batch axis (``time_axis=1``).
 ``map(fn)`` applies ``fn`` once per underlying buffer and re-derives the
 views, so converting to torch tensors on a device keeps ``obs``/``next_obs``
 sharing storage.
+
+Meta values of a batch are typed arrays ``[B, *shape]`` in the field's dtype,
+never object arrays (strings excepted: object arrays of ``str`` or None). An
+unset (NULL) numeric/bool value holds the fill value of :func:`meta_fill`
+(``0``, ``False``, NaN for floating and complex fields) and is False in
+``meta_mask``, which has one bool entry per item for every meta field.
 """
 
 from __future__ import annotations
@@ -30,6 +36,31 @@ ROLE_NAMES = {
     "extra": "extra",
     "extras": "extra",
 }
+
+
+def meta_fill(dtype: np.dtype) -> Any:
+    """The value an unset (NULL) meta entry holds in a batch: NaN for float/complex, else zero (False)."""
+    dtype = np.dtype(dtype)
+    if dtype.kind in "fc":
+        return np.nan
+    return False if dtype.kind == "b" else 0
+
+
+def derived_meta_mask(meta: Mapping[str, Any], time_axis: int) -> dict[str, Any]:
+    """Validity of meta values that carry no explicit mask: None marks an unset value.
+
+    A single segment (``time_axis == 0``) gets one bool per field, a batch one per item.
+    """
+    if time_axis == 0:
+        return {k: v is not None for k, v in meta.items()}
+    out = {}
+    for k, v in meta.items():
+        arr = np.asarray(v)
+        if arr.dtype == object:
+            out[k] = np.fromiter((x is not None for x in arr), bool, len(arr))
+        else:
+            out[k] = np.ones(len(arr), dtype=bool)
+    return out
 
 
 class RoleView(Mapping[str, Any]):
@@ -85,7 +116,9 @@ class Segment:
     Attributes: ``obs``/``observation``, ``next_obs``/``next_observation``,
     ``all_obs``/``all_observations``, ``action``, ``reward``, ``extra``,
     ``terminated``, ``truncated``, ``mask``, ``meta`` (per-episode values),
-    ``episode_id`` and ``start`` (first transition index in the episode).
+    ``meta_mask`` (False where a meta value is unset; see the module
+    docstring), ``episode_id`` and ``start`` (first transition index in the
+    episode). Without an explicit ``meta_mask``, None values mark unset meta.
     """
 
     def __init__(
@@ -99,6 +132,7 @@ class Segment:
         episode_id: Any = None,
         start: Any = None,
         time_axis: int = 0,
+        meta_mask: Mapping[str, Any] | None = None,
     ) -> None:
         self.schema = schema
         self.data = dict(data)
@@ -106,6 +140,7 @@ class Segment:
         self.truncated = truncated
         self.mask = mask
         self.meta = RoleView(meta or {})
+        self.meta_mask = RoleView(derived_meta_mask(meta or {}, time_axis) if meta_mask is None else meta_mask)
         self.episode_id = episode_id
         self.start = start
         self.time_axis = time_axis
@@ -169,6 +204,7 @@ class Segment:
             None if self.episode_id is None else fn(self.episode_id),
             None if self.start is None else fn(self.start),
             self.time_axis,
+            {k: fn(v) for k, v in self.meta_mask.flat().items()},
         )
 
     def buffers(self) -> dict[str, Any]:
@@ -177,6 +213,8 @@ class Segment:
         out.update(terminated=self.terminated, truncated=self.truncated, mask=self.mask)
         for k, v in self.meta.flat().items():
             out[f"meta/{k}"] = v
+        for k, v in self.meta_mask.flat().items():
+            out[f"meta_mask/{k}"] = v
         return out
 
     def __repr__(self) -> str:

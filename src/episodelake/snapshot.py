@@ -13,6 +13,7 @@ Readers of a snapshot see exactly the episodes of its version.
 
 from __future__ import annotations
 
+import os
 import threading
 import zlib
 from collections.abc import Iterator, Mapping, Sequence
@@ -28,7 +29,7 @@ from .errors import CorruptionError
 from .location import Location
 from .schema import DatasetSchema, FieldSpec, from_storage, storage_dtype
 from .table import EpisodeTable
-from .tensors import TensorArray, make_context, read_many
+from .tensors import PlainArray, TensorArray, engine_usable, make_context, read_many, split_ref
 
 INDEX_COLUMNS = ("episode_id", "writer", "length", "terminated", "truncated", "return", "created_at")
 
@@ -116,7 +117,8 @@ class Snapshot:
         self._context = context
         self._lock = threading.Lock()
         self._fields: dict[str, np.ndarray] = {}
-        self._arrays: dict[tuple[str, str], TensorArray] = {}
+        self._arrays: dict[tuple[str, int, str], TensorArray | PlainArray] = {}
+        self._arrays_pid = os.getpid()
         self._verified: set[tuple[str, int]] = set()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -130,9 +132,10 @@ class Snapshot:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._dataset = None
-        self._context = make_context()
+        self._context = None  # made on first tensor read (a forked process reads without TensorStore)
         self._lock = threading.Lock()
         self._arrays = {}
+        self._arrays_pid = os.getpid()
 
     def _read_table(self, columns: list[str]) -> pa.Table:
         try:
@@ -143,7 +146,7 @@ class Snapshot:
                 try:
                     fragment.to_table(columns=[c for c in columns if c in fragment.physical_schema.names])
                 except (OSError, pa.ArrowException):
-                    where += f" at {fragment.path}"
+                    where += f" at {self.loc.child('episodes', fragment.path)}"
                     break
             raise CorruptionError(f"{where}: {exc}") from exc
 
@@ -256,18 +259,38 @@ class Snapshot:
             self._fields[f.key] = arr
             return arr
 
-    def tensor_array(self, writer: str, f: FieldSpec) -> TensorArray:
-        key = (writer, f.key)
+    def tensor_array(self, writer: str, f: FieldSpec, commit: int = 0) -> TensorArray | PlainArray:
+        """The array holding ``writer``'s rows of ``f`` (``commit`` 0: its single array); see :meth:`tensor_arrays`."""
+        return self.tensor_arrays(f, [(writer, commit)])[0]
+
+    def tensor_arrays(self, f: FieldSpec, arrays: Sequence[tuple[str, int]]) -> list[TensorArray | PlainArray]:
+        """The ``(writer, commit)`` arrays of ``f``, opened once per process (missing ones all at once).
+
+        A process forked from one that used TensorStore reads through
+        :class:`~episodelake.tensors.PlainArray` instead; handles opened
+        before a fork are never used after it.
+        """
         with self._lock:
-            if key not in self._arrays:
-                self._arrays[key] = TensorArray.open(self.loc, writer, f, self._context)
-            return self._arrays[key]
+            if self._arrays_pid != os.getpid():
+                self._arrays, self._arrays_pid = {}, os.getpid()
+            missing = list(dict.fromkeys(a for a in arrays if (*a, f.key) not in self._arrays))
+            if not engine_usable():
+                opened: list[TensorArray | PlainArray] = [PlainArray(self.loc, w, f, c) for w, c in missing]
+            elif missing:
+                if self._context is None:
+                    self._context = make_context()
+                opened = list(TensorArray.open_many(self.loc, missing, f, self._context))
+            else:
+                opened = []
+            for (w, c), arr in zip(missing, opened, strict=True):
+                self._arrays[(w, c, f.key)] = arr
+            return [self._arrays[(w, c, f.key)] for w, c in arrays]
 
     def field_rows(self, f: FieldSpec, pos: int) -> tuple[int, int]:
-        """(start, stop) of episode ``pos``'s rows of ``f`` in its storage."""
+        """(start, stop) of episode ``pos``'s rows of ``f`` in its storage (its tensor array, or the table)."""
         n = int(self.lengths[pos]) + (1 if f.role == "observation" else 0)
         if f.in_tensor:
-            start = int(self.index[f"ref/{f.key}"][pos])
+            start = split_ref(self.index[f"ref/{f.key}"][pos])[1]
         else:
             start = int(self.offsets(f)[pos])
         return start, start + n
@@ -282,7 +305,8 @@ class Snapshot:
         for p, a, b in zip(pos, lo, hi, strict=True):
             eid = int(self.index["episode_id"][p])
             try:
-                arr = self.tensor_array(str(self.index["writer"][p]), f)
+                commit = split_ref(self.index[f"ref/{f.key}"][p])[0]
+                arr = self.tensor_array(str(self.index["writer"][p]), f, commit)
             except CorruptionError as exc:
                 raise CorruptionError(f"episode {eid}: field {f.key!r}: {exc}") from exc
             start, stop = self.field_rows(f, p)
@@ -307,7 +331,7 @@ class Snapshot:
                     ) from exc
             raise
 
-    def _verify_rows(self, f: FieldSpec, p: int, arr: TensorArray, start: int, stop: int) -> None:
+    def _verify_rows(self, f: FieldSpec, p: int, arr: TensorArray | PlainArray, start: int, stop: int) -> None:
         where = f"episode {int(self.index['episode_id'][p])}: field {f.key!r} rows [{start}, {stop}) of {arr.where}"
         try:
             rows = read_many([(arr, start, stop)])[0]

@@ -1,30 +1,69 @@
 """Zarr v3 tensor arrays written and read through TensorStore.
 
-One array per tensor field per writer, at ``tensors/<writer>/<field key>``,
-shape ``[rows, *field.shape]``, chunked along time only. Codecs and chunk
-shapes are always explicit (TensorStore's defaults for an empty resizable
-array are one-row chunks). On object stores the sharding codec packs many
-inner chunks into one object, so a random segment read is a few byte-range
-GETs and the object count stays small.
+A writer's rows of a tensor field live in Zarr v3 arrays of shape
+``[rows, *field.shape]``, chunked along time only. Codecs and chunk shapes are
+always explicit (TensorStore's defaults for an empty resizable array are
+one-row chunks).
 
-Arrays are append-only: a writer owns its arrays, appends rows and only then
-commits table rows that reference them, so a crash leaves unreferenced rows
-and never a half episode.
+* Local datasets: one append-only array per writer and field at
+  ``tensors/<writer>/<field key>``; each commit appends at the current end.
+* Object stores: one array per commit at ``tensors/<writer>/<commit>/<field key>``
+  (``commit`` = 1, 2, ... per writer), shaped exactly to the commit's rows and
+  written once. The sharding codec packs up to :data:`SHARD_CHUNKS` inner
+  chunks into one object, so a random segment read is a few byte-range GETs,
+  no object is ever rewritten, and no array holds a row nobody wrote.
+
+A table reference (``ref/<key>``) is ``commit << 32 | row``: commit 0 is the
+writer's single array (every local dataset, and object-store datasets written
+by 0.1.0), so references of older datasets keep their meaning.
+
+Tensor rows are always written before the table commit that references them,
+so a crash leaves unreferenced rows (or a whole unreferenced commit array) and
+never a half episode.
+
+TensorStore aborts a process that uses it after ``fork()`` from a process that
+did. A forked process (a ``DataLoader`` worker, by default on Linux) therefore
+reads through :class:`PlainArray`: the same Zarr files decoded in Python
+(fsspec for the bytes, pyarrow's zstd), no TensorStore.
 """
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import tensorstore as ts
 
 from .errors import CorruptionError
 from .location import Location
 from .schema import FieldSpec
 
-SHARD_CHUNKS = 64  # inner chunks per shard object on object stores
+SHARD_CHUNKS = 64  # most inner chunks per shard object on object stores
+COMMIT_SHIFT = 32  # ref = commit << COMMIT_SHIFT | row
+ROW_MASK = (1 << COMMIT_SHIFT) - 1
+_NO_CHUNK = (1 << 64) - 1  # sharding index entry of an inner chunk that was never written
+
+_ENGINE_PID: int | None = None  # process that started TensorStore (its threads do not survive fork)
+
+
+def engine_usable() -> bool:
+    """False in a process forked from one that used TensorStore (TensorStore would abort it)."""
+    return _ENGINE_PID is None or os.getpid() == _ENGINE_PID
+
+
+def _start_engine(where: str) -> None:
+    """Record that this process runs TensorStore operations; refuse clearly where TensorStore would abort."""
+    global _ENGINE_PID
+    if not engine_usable():
+        raise RuntimeError(
+            f"{where}: TensorStore cannot run in a process forked from one that used it; "
+            "write from a spawned process (multiprocessing context 'spawn')"
+        )
+    _ENGINE_PID = os.getpid()
 
 
 def make_context(durable: bool = False, cache_bytes: int = 0) -> ts.Context:
@@ -35,15 +74,25 @@ def make_context(durable: bool = False, cache_bytes: int = 0) -> ts.Context:
     return ts.Context(spec)
 
 
-def zarr_metadata(field: FieldSpec, sharded: bool) -> dict[str, Any]:
-    """Explicit Zarr v3 metadata for a field's (empty, resizable) array."""
-    rows = field.rows_per_chunk
+def split_ref(ref: int) -> tuple[int, int]:
+    """``(commit, row)`` of a table reference."""
+    return int(ref) >> COMMIT_SHIFT, int(ref) & ROW_MASK
+
+
+def zarr_metadata(field: FieldSpec, sharded: bool, rows: int = 0) -> dict[str, Any]:
+    """Explicit Zarr v3 metadata for a field's array of ``rows`` rows.
+
+    Sharded arrays (object stores) get shards of at most :data:`SHARD_CHUNKS`
+    inner chunks, fewer when the array needs fewer, so a small commit is one
+    small object.
+    """
+    chunk_rows = field.rows_per_chunk
     inner: list[dict[str, Any]] = [{"name": "bytes", "configuration": {"endian": "little"}}]
     if field.np_dtype.itemsize == 1 or field.np_dtype == np.bool_:
         inner = [{"name": "bytes"}]
     if field.compression == "zstd":
         inner.append({"name": "zstd", "configuration": {"level": 3}})
-    chunk = [rows, *field.shape]
+    chunk = [chunk_rows, *field.shape]
     if sharded:
         codecs: list[dict[str, Any]] = [
             {
@@ -55,11 +104,12 @@ def zarr_metadata(field: FieldSpec, sharded: bool) -> dict[str, Any]:
                 },
             }
         ]
-        chunk = [rows * SHARD_CHUNKS, *field.shape]
+        chunks = min(SHARD_CHUNKS, max(1, -(-rows // chunk_rows))) if rows else SHARD_CHUNKS
+        chunk = [chunk_rows * chunks, *field.shape]
     else:
         codecs = inner
     return {
-        "shape": [0, *field.shape],
+        "shape": [rows, *field.shape],
         "data_type": field.np_dtype.name,
         "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": chunk}},
         "chunk_key_encoding": {"name": "default"},
@@ -75,98 +125,327 @@ def _fill_value(dtype: np.dtype) -> Any:
     return [0, 0] if dtype.kind == "c" else 0
 
 
-def array_parts(writer: str, field: FieldSpec) -> tuple[str, ...]:
-    return ("tensors", writer, *field.key.split("/"))
+def array_parts(writer: str, field: FieldSpec, commit: int = 0) -> tuple[str, ...]:
+    """Path parts of a writer's array of ``field``: its single array (commit 0) or one commit's array."""
+    head = ("tensors", writer) if commit == 0 else ("tensors", writer, str(commit))
+    return (*head, *field.key.split("/"))
+
+
+def _check_layout(where: str, shape: Sequence[int], dtype: np.dtype, field: FieldSpec) -> None:
+    if tuple(shape[1:]) != field.shape or np.dtype(dtype) != field.np_dtype:
+        raise CorruptionError(
+            f"tensor array {where} has shape {tuple(shape[1:])} / dtype {np.dtype(dtype)}, "
+            f"schema says {field.shape} / {field.np_dtype}"
+        )
 
 
 class TensorArray:
-    """One append-only Zarr v3 array (rows along axis 0)."""
+    """A writer's rows of one tensor field, written and read through TensorStore.
 
-    # Each append starts at a multiple of this many rows. Sharded arrays (object
-    # stores) use the shard's rows: a shard object is then written by one
-    # append only, never read back and rewritten; the skipped rows are never
-    # written (nothing is stored for them) nor referenced.
-    align = 1
+    For reading, one Zarr array (``store``, ``rows``). For writing (built by
+    :meth:`create`), a sequence of reservations: :meth:`reserve` returns the
+    reference of the first reserved row, :meth:`write` takes references. On
+    local stores every reservation grows the writer's single array; on object
+    stores each reservation is a new array of exactly that many rows.
+    """
 
-    def __init__(self, store: ts.TensorStore, field: FieldSpec, where: str) -> None:
+    def __init__(self, store: ts.TensorStore | None, field: FieldSpec, where: str) -> None:
         self.store = store
         self.field = field
         self.where = where
-        self.rows = int(store.domain.exclusive_max[0])
+        self.rows = 0 if store is None else int(store.domain.exclusive_max[0])
+        self.commit = 0  # the reservation being written: 0 (single array) or a commit number
+        self._loc: Location | None = None
+        self._writer = ""
+        self._context: ts.Context | None = None
 
     @classmethod
     def create(cls, loc: Location, writer: str, field: FieldSpec, context: ts.Context) -> TensorArray:
-        parts = array_parts(writer, field)
-        spec = {
-            "driver": "zarr3",
-            "kvstore": loc.kvstore(*parts),
-            "metadata": zarr_metadata(field, sharded=not loc.is_local),
-            "create": True,
-            # Every written chunk is stored (even all-zero ones), so a missing chunk is an error on read.
-            "store_data_equal_to_fill_value": True,
-        }
-        arr = cls(ts.open(spec, context=context).result(), field, loc.child_url(*parts))
-        if not loc.is_local:
-            arr.align = int(spec["metadata"]["chunk_grid"]["configuration"]["chunk_shape"][0])
+        """The writing side of ``writer``'s rows of ``field`` (its single array is created now, if local)."""
+        if loc.is_local:
+            arr = cls(_create_store(loc, array_parts(writer, field), field, context, sharded=False), field, "")
+            arr.where = loc.child_url(*array_parts(writer, field))
+        else:
+            arr = cls(None, field, loc.child_url(*array_parts(writer, field, 1)))
+        arr._loc, arr._writer, arr._context = loc, writer, context
         return arr
 
     @classmethod
     def open(
-        cls, loc: Location, writer: str, field: FieldSpec, context: ts.Context, read_only: bool = True
+        cls,
+        loc: Location,
+        writer: str,
+        field: FieldSpec,
+        context: ts.Context,
+        read_only: bool = True,
+        commit: int = 0,
     ) -> TensorArray:
-        parts = array_parts(writer, field)
-        spec = {"driver": "zarr3", "kvstore": loc.kvstore(*parts), "open": True}
-        if read_only:
-            spec["fill_missing_data_reads"] = False  # a deleted chunk must fail, not read as zeros
-        if not loc.is_local:
-            # Committed shards never change (appends start on a fresh shard), so a
-            # cached chunk needs no revalidating GET; the metadata still does.
-            spec["recheck_cached_data"] = False
-        try:
-            store = ts.open(spec, context=context, read=True, write=not read_only).result()
-        except ValueError as exc:
-            raise CorruptionError(f"tensor array {loc.child_url(*parts)} cannot be opened: {exc}") from exc
-        if tuple(store.shape[1:]) != field.shape or store.dtype.numpy_dtype != field.np_dtype:
-            raise CorruptionError(
-                f"tensor array {loc.child_url(*parts)} has shape {store.shape[1:]} / dtype "
-                f"{store.dtype.numpy_dtype}, schema says {field.shape} / {field.np_dtype}"
-            )
-        return cls(store, field, loc.child_url(*parts))
+        """Open one array (``commit`` 0: the writer's single array) for reading (or resizing)."""
+        return cls.open_many(loc, [(writer, commit)], field, context, read_only)[0]
+
+    @classmethod
+    def open_many(
+        cls,
+        loc: Location,
+        arrays: Sequence[tuple[str, int]],
+        field: FieldSpec,
+        context: ts.Context,
+        read_only: bool = True,
+    ) -> list[TensorArray]:
+        """Open several ``(writer, commit)`` arrays of ``field`` at once (all opens in flight together)."""
+        _start_engine(loc.child_url(*array_parts(arrays[0][0], field, arrays[0][1])) if arrays else loc.url)
+        futures = []
+        for writer, commit in arrays:
+            spec: dict[str, Any] = {"driver": "zarr3", "kvstore": loc.kvstore(*array_parts(writer, field, commit))}
+            spec["open"] = True
+            if read_only:
+                spec["fill_missing_data_reads"] = False  # a deleted chunk must fail, not read as zeros
+            if not loc.is_local:
+                # Object-store arrays are never rewritten once committed, so a cached
+                # chunk needs no revalidating GET.
+                spec["recheck_cached_data"] = False
+            futures.append(ts.open(spec, context=context, read=True, write=not read_only))
+        out = []
+        for (writer, commit), future in zip(arrays, futures, strict=True):
+            where = loc.child_url(*array_parts(writer, field, commit))
+            try:
+                store = future.result()
+            except ValueError as exc:
+                raise CorruptionError(f"tensor array {where} cannot be opened: {exc}") from exc
+            _check_layout(where, store.shape, store.dtype.numpy_dtype, field)
+            arr = cls(store, field, where)
+            arr.commit = commit
+            out.append(arr)
+        return out
 
     @property
     def write_rows(self) -> int:
         """Rows per write unit (a chunk, or a shard on object stores): writes aligned to it never overlap."""
+        assert self.store is not None
         return int(self.store.chunk_layout.write_chunk.shape[0])
 
     def reserve(self, rows: int) -> int:
-        """Grow the array by ``rows`` rows (from an aligned start); return the first of them."""
-        start = -(-self.rows // self.align) * self.align
-        end = start + rows
-        self.store = self.store.resize(
-            exclusive_max=[end, *self.field.shape], resize_metadata_only=True, expand_only=True
-        ).result()
-        self.rows = end
-        return start
+        """Make room for ``rows`` more rows; return the reference of the first of them."""
+        if self.store is not None and self.commit == 0:  # the single local array grows in place
+            start = self.rows
+            self.store = self.store.resize(
+                exclusive_max=[start + rows, *self.field.shape], resize_metadata_only=True, expand_only=True
+            ).result()
+            self.rows = start + rows
+            return start
+        assert self._loc is not None and self._context is not None
+        if rows > ROW_MASK:
+            raise ValueError(f"{self.where}: one commit of {rows} rows exceeds the limit of {ROW_MASK}")
+        self.commit += 1
+        parts = array_parts(self._writer, self.field, self.commit)
+        self.store = _create_store(self._loc, parts, self.field, self._context, sharded=True, rows=rows)
+        self.where = self._loc.child_url(*parts)
+        self.rows = rows
+        return self.commit << COMMIT_SHIFT
+
+    def aligned_end(self, start: int, rows: int) -> int:
+        """The largest ``n <= rows`` such that writing rows ``[start, start + n)`` ends on a write unit.
+
+        ``start`` is a reference returned by :meth:`reserve`; writes that end
+        on write-unit boundaries never share a chunk (shard).
+        """
+        unit, row = self.write_rows, start & ROW_MASK
+        return (row + rows) // unit * unit - row
 
     def write(self, start: int, values: np.ndarray) -> ts.Future:
-        """Write ``values`` at rows ``[start, start + len(values))`` of reserved space."""
-        return self.store[start : start + len(values)].write(values)
+        """Write ``values`` at references ``[start, start + len(values))`` of reserved space."""
+        assert self.store is not None
+        row = start & ROW_MASK
+        return self.store[row : row + len(values)].write(values)
 
     def append_block(self, block: np.ndarray) -> tuple[int, ts.Future]:
         """Reserve ``len(block)`` rows and write ``block`` there in one write.
 
-        Returns the first row and the write future; the caller must await it
-        before committing rows that reference the data.
+        Returns the first row's reference and the write future; the caller
+        must await it before committing rows that reference the data.
         """
         start = self.reserve(len(block))
         return start, self.write(start, block)
 
+    def read(self, start: int, stop: int) -> ts.Future:
+        """Rows ``[start, stop)`` of this array (a future)."""
+        assert self.store is not None
+        return self.store[start:stop].read()
 
-def read_many(requests: Sequence[tuple[TensorArray, int, int]]) -> list[np.ndarray]:
-    """Read several row ranges at once: all futures are issued before any is awaited."""
+    def copy_runs(self, out: np.ndarray, runs: list[tuple[int, int, int, int]]) -> None:
+        """Copy runs ``(dst row, src row, count, episode id)`` into ``out``, every read in one batch.
+
+        Every read is awaited, even after one failed, so no read is left in
+        flight inside TensorStore.
+        """
+        assert self.store is not None
+        batch = ts.Batch()
+        futures = [self.store[src : src + n].read(batch=batch) for _, src, n, _ in runs]
+        batch.submit()
+        failed: tuple[int, int, int, ValueError] | None = None
+        for (dst, src, n, eid), fut in zip(runs, futures, strict=True):
+            try:
+                out[dst : dst + n] = fut.result()
+            except ValueError as exc:
+                failed = failed or (src, n, eid, exc)
+        if failed is not None:
+            src, n, eid, exc = failed
+            raise CorruptionError(
+                f"episode {eid}: field {self.field.key!r} rows [{src}, {src + n}) of {self.where} unreadable: {exc}"
+            ) from exc
+
+
+def _create_store(
+    loc: Location, parts: tuple[str, ...], field: FieldSpec, context: ts.Context, sharded: bool, rows: int = 0
+) -> ts.TensorStore:
+    _start_engine(loc.child_url(*parts))
+    spec = {
+        "driver": "zarr3",
+        "kvstore": loc.kvstore(*parts),
+        "metadata": zarr_metadata(field, sharded=sharded, rows=rows),
+        "create": True,
+        # Every written chunk is stored (even all-zero ones), so a missing chunk is an error on read.
+        "store_data_equal_to_fill_value": True,
+    }
+    return ts.open(spec, context=context).result()
+
+
+class _Ready:
+    """An already computed value with a future's ``result()``."""
+
+    def __init__(self, value: np.ndarray) -> None:
+        self.value = value
+
+    def result(self) -> np.ndarray:
+        return self.value
+
+
+class PlainArray:
+    """One of our Zarr v3 arrays read without TensorStore: for processes forked from one that used it.
+
+    Understands exactly what :func:`zarr_metadata` writes: the ``bytes`` codec,
+    optionally ``zstd``, optionally inside ``sharding_indexed`` (index at the
+    end). Bytes come from plain file reads (local) or concurrent byte-range
+    requests through fsspec (object stores; fsspec reopens its connections
+    after fork). Reads are synchronous.
+    """
+
+    def __init__(self, loc: Location, writer: str, field: FieldSpec, commit: int = 0) -> None:
+        self.loc = loc
+        self.field = field
+        self.commit = commit
+        self.dir = loc.child(*array_parts(writer, field, commit))
+        self.where = loc.child_url(*array_parts(writer, field, commit))
+        try:
+            meta = json.loads(self._fetch([(f"{self.dir}/zarr.json", None, None)])[0])
+            codecs = meta["codecs"]
+            self.rows = int(meta["shape"][0])
+            outer = int(meta["chunk_grid"]["configuration"]["chunk_shape"][0])
+        except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
+            raise CorruptionError(f"tensor array {self.where} cannot be opened: {exc}") from exc
+        _check_layout(self.where, meta["shape"], np.dtype(meta["data_type"]), field)
+        self.sharded = codecs[0]["name"] == "sharding_indexed"
+        if self.sharded:
+            conf = codecs[0]["configuration"]
+            codecs, self.chunk_rows = conf["codecs"], int(conf["chunk_shape"][0])
+            if conf.get("index_location", "end") != "end":
+                raise CorruptionError(f"tensor array {self.where}: shard index location {conf['index_location']}")
+        else:
+            self.chunk_rows = outer
+        names = [c["name"] for c in codecs]
+        if names not in (["bytes"], ["bytes", "zstd"]):
+            raise CorruptionError(f"tensor array {self.where}: codecs {names} are not episodelake's")
+        self.zstd = names[-1] == "zstd"
+        self.per_shard = outer // self.chunk_rows
+        self.dtype = field.np_dtype.newbyteorder("<")
+        self._suffix = "/0" * len(field.shape)
+        # shard -> (per_shard, 2) offsets and sizes; committed shards never change
+        self._indexes: dict[int, np.ndarray] = {}
+
+    def _fetch(self, requests: list[tuple[str, int | None, int | None]]) -> list[bytes]:
+        """Bytes ``[start, end)`` of each path (start < 0: that many bytes from the end), concurrently."""
+        if self.loc.is_local:
+            out = []
+            for path, start, end in requests:
+                with open(path, "rb") as fh:
+                    if start is not None:
+                        fh.seek(start, os.SEEK_END if start < 0 else os.SEEK_SET)
+                    out.append(fh.read() if end is None else fh.read(end - (start or 0)))
+            return out
+        paths, starts, ends = zip(*requests, strict=True)
+        return list(self.loc.fs.cat_ranges(list(paths), list(starts), list(ends)))
+
+    def _chunk_path(self, c: int) -> str:
+        return f"{self.dir}/c/{c // self.per_shard if self.sharded else c}{self._suffix}"
+
+    def _shard_indexes(self, shards: list[int]) -> None:
+        todo = [s for s in shards if s not in self._indexes]
+        if not todo:
+            return
+        size = self.per_shard * 16 + 4  # (offset, nbytes) uint64 pairs, then a CRC-32C
+        blobs = self._fetch([(self._chunk_path(s * self.per_shard), -size, None) for s in todo])
+        for s, blob in zip(todo, blobs, strict=True):
+            if len(blob) != size:
+                raise CorruptionError(f"{self._chunk_path(s * self.per_shard)}: shard index truncated")
+            self._indexes[s] = np.frombuffer(blob[:-4], "<u8").reshape(self.per_shard, 2)
+
+    def chunks(self, wanted: list[int], episode_id: int = -1) -> dict[int, np.ndarray]:
+        """Decoded inner chunks (``chunk_rows`` rows each) by chunk number, fetched together."""
+        what = f"episode {episode_id}: field {self.field.key!r}" if episode_id >= 0 else f"field {self.field.key!r}"
+        if self.sharded:
+            self._shard_indexes(sorted({c // self.per_shard for c in wanted}))
+        requests = []
+        for c in wanted:
+            if self.sharded:
+                offset, nbytes = (int(v) for v in self._indexes[c // self.per_shard][c % self.per_shard])
+                if offset == _NO_CHUNK:
+                    raise CorruptionError(f"{what}: chunk {c} missing from {self._chunk_path(c)}")
+                requests.append((self._chunk_path(c), offset, offset + nbytes))
+            else:
+                requests.append((self._chunk_path(c), None, None))
+        try:
+            blobs = self._fetch(requests)
+        except FileNotFoundError as exc:
+            raise CorruptionError(f"{what}: {exc}") from exc
+        want = self.chunk_rows * self.field.step_bytes
+        out = {}
+        for c, (path, _, _), blob in zip(wanted, requests, blobs, strict=True):
+            try:
+                raw = pa.Codec("zstd").decompress(blob, decompressed_size=want) if self.zstd else blob
+            except (OSError, pa.ArrowException) as exc:
+                raise CorruptionError(f"{what}: chunk {c} of {path} undecodable: {exc}") from exc
+            if len(raw) != want:
+                raise CorruptionError(f"{what}: chunk {c} of {path} holds {len(raw)} bytes, expected {want}")
+            out[c] = np.frombuffer(raw, self.dtype).reshape(self.chunk_rows, *self.field.shape)
+        return out
+
+    def copy_runs(self, out: np.ndarray, runs: list[tuple[int, int, int, int]]) -> None:
+        """Copy runs ``(dst row, src row, count, episode id)``, each inside one chunk, into ``out``."""
+        R = self.chunk_rows
+        decoded = self.chunks(sorted({src // R for _, src, _, _ in runs}), runs[0][3] if runs else -1)
+        for dst, src, n, _ in runs:
+            c, r = divmod(src, R)
+            out[dst : dst + n] = decoded[c][r : r + n]
+
+    def read(self, start: int, stop: int) -> _Ready:
+        """Rows ``[start, stop)`` (a ready value with ``result()``)."""
+        out = np.empty((stop - start, *self.field.shape), self.field.np_dtype)
+        R = self.chunk_rows
+        runs = []
+        row = start
+        while row < stop:
+            n = min(stop, (row // R + 1) * R) - row
+            runs.append((row - start, row, n, -1))
+            row += n
+        self.copy_runs(out, runs)
+        return _Ready(out)
+
+
+def read_many(requests: Sequence[tuple[TensorArray | PlainArray, int, int]]) -> list[np.ndarray]:
+    """Read several row ranges at once: all reads are issued before any is awaited."""
     futures = []
     for arr, start, stop in requests:
         if stop > arr.rows:
             raise CorruptionError(f"{arr.where}: rows [{start}, {stop}) requested but the array has {arr.rows} rows")
-        futures.append(arr.store[start:stop].read())
+        futures.append(arr.read(start, stop))
     return [f.result() for f in futures]

@@ -17,6 +17,10 @@ frames before the episode start are zeros with ``obs_mask`` False) and
 ``t .. t + h - 1`` (``[B, h, ...]``, zeros past the end with ``action_mask``
 False). With ``k = 1``/``h = 1`` those axes are dropped.
 
+``meta`` holds typed per-episode values ``[B, ...]`` and ``meta_mask`` one
+bool per item (False where the value is unset and holds the fill value; see
+:mod:`episodelake.segments`).
+
 Observation fields are read as one buffer per field (``obs`` and ``next_obs``
 are views of it), so ``map(fn)`` converts each buffer once.
 """
@@ -32,7 +36,7 @@ from .batching import WindowReader
 from .errors import ValidationError
 from .sampling import reader_for, select
 from .schema import DatasetSchema
-from .segment_index import SegmentIndex, check_positive
+from .segment_index import SegmentIndex, check_positive, check_seed
 from .segments import ROLE_NAMES, RoleView
 
 
@@ -85,6 +89,11 @@ class Transitions:
     @property
     def meta(self) -> RoleView:
         return RoleView({k[5:]: v for k, v in self.buffers.items() if k.startswith("meta/")})
+
+    @property
+    def meta_mask(self) -> RoleView:
+        """False where an episode's meta value is unset (the value then holds the fill value)."""
+        return RoleView({k[10:]: v for k, v in self.buffers.items() if k.startswith("meta_mask/")})
 
     def __getattr__(self, name: str) -> Any:
         # terminated, truncated, discount, n_steps, obs_mask, next_obs_mask, action_mask, episode_id, start
@@ -165,6 +174,7 @@ def build_transitions(
     )
     for name, col in reader.meta.items():
         buffers[f"meta/{name}"] = col[pos]
+        buffers[f"meta_mask/{name}"] = reader.meta_valid[name][pos]
     return Transitions(reader.schema, buffers, k, h, next_at)
 
 
@@ -193,7 +203,9 @@ def sample_transitions(
     h = check_positive(horizon, "horizon")
     gamma = check_gamma(gamma)
     if rng is None:
-        rng = np.random.default_rng(seed)
+        rng = np.random.default_rng(check_seed(seed))
+    elif not isinstance(rng, np.random.Generator):
+        raise ValidationError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
     snap, positions = select(collection, where, filter)
     index = SegmentIndex(positions, snap.lengths[positions], 1)
     which, t = index.locate(index.sample_uniform(rng, B))

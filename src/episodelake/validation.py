@@ -2,7 +2,8 @@
 
 Values are accepted when their kind is the schema's or narrower (bool -> int ->
 float -> complex), integers fit the target dtype, shapes match exactly, and
-``FieldSpec(finite=True)`` fields hold no NaN/inf. Errors are
+``FieldSpec(finite=True)`` fields hold no NaN/inf, and ``required`` meta
+fields have a value when an episode is handed over. Errors are
 :class:`ValidationError` naming the field and the step.
 """
 
@@ -83,7 +84,11 @@ def split_role(schema: DatasetSchema, role: str, value: Any, where: str) -> dict
 
 
 def check_meta(schema: DatasetSchema, meta: Mapping[str, Any], where: str) -> dict[str, Any]:
-    """Validate per-episode meta values; missing meta fields are stored as null."""
+    """Validate per-episode meta values (all of them before returning any).
+
+    None means "no value": stored as NULL for a nullable field, still missing
+    for a ``required`` one (see :func:`missing_required`).
+    """
     fields = {f.name: f for f in schema.meta_fields}
     unknown = sorted(set(meta) - set(fields))
     if unknown:
@@ -102,6 +107,11 @@ def check_meta(schema: DatasetSchema, meta: Mapping[str, Any], where: str) -> di
         else:
             out[name] = check_values(f, value, (), where)
     return out
+
+
+def missing_required(schema: DatasetSchema, meta: Mapping[str, Any]) -> tuple[str, ...]:
+    """Names of the schema's ``required`` meta fields that ``meta`` has no value (or None) for."""
+    return tuple(f.name for f in schema.meta_fields if f.required and meta.get(f.name) is None)
 
 
 def check_flags(terminated: Any, truncated: Any, where: str) -> tuple[bool, bool]:
@@ -151,6 +161,9 @@ def episode_from_dict(schema: DatasetSchema, episode: Mapping[str, Any], where: 
                 data[k] = check_values(schema[k], v, (rows,), f"{where} {role_key}")
     terminated, truncated = _episode_flags(episode, length, where)
     meta = check_meta(schema, episode.get("meta") or {}, where)
+    missing = missing_required(schema, meta)
+    if missing:
+        raise ValidationError(f"{where}: missing required meta field(s) {list(missing)}")
     return FinishedEpisode(data, length, terminated, truncated, meta)
 
 

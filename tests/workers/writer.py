@@ -18,6 +18,12 @@ installed by monkeypatching in the child only (the library has no test hooks):
 * ``after-commit``: the commit returned, the writer has not recorded it.
 
 The last four hit the ``at``-th commit of the trial (0-based).
+
+Kill points are deterministic: at each of them the child prints ``point NAME``
+and blocks (``sigwait`` on SIGUSR1) until the parent SIGKILLs it; after each
+``episode``/``committed`` line it blocks too, and the parent either kills it
+there or lets it go on with SIGUSR1. (The ``parquet`` point is seen by a
+thread watching the directory: it prints the line and SIGSTOPs the process.)
 """
 
 from __future__ import annotations
@@ -38,8 +44,22 @@ def say(line: str) -> None:
     os.write(1, (line + "\n").encode())  # unbuffered: a kill never loses or duplicates output
 
 
-def die() -> None:
-    os.kill(os.getpid(), signal.SIGKILL)
+def wait_for_parent() -> None:
+    """Block until the parent lets us go on (SIGUSR1) or kills us."""
+    signal.sigwait({signal.SIGUSR1})
+
+
+def halt(name: str) -> None:
+    """A named kill point: report it, then wait for the parent's SIGKILL."""
+    say(f"point {name}")
+    while True:
+        wait_for_parent()
+
+
+def report(line: str) -> None:
+    """An output line the parent may kill us after."""
+    say(line)
+    wait_for_parent()
 
 
 class Countdown:
@@ -61,7 +81,7 @@ def install_crash(path: str, crash: str, at: int) -> None:
 
         def add_step(self, step):
             if count[0] == at:
-                die()
+                halt("step")
             count[0] += 1
             return original_step(self, step)
 
@@ -73,7 +93,7 @@ def install_crash(path: str, crash: str, at: int) -> None:
         def write(self, *args, **kwargs):
             out = original_write(self, *args, **kwargs)
             if calls.tick():
-                die()
+                halt("tensor")
             return out
 
         tensors.TensorArray.write = write
@@ -84,11 +104,11 @@ def install_crash(path: str, crash: str, at: int) -> None:
             if not calls.tick():
                 return original_commit(self, rows)
             if crash == "before-commit":
-                die()
+                halt("before-commit")
             if crash == "parquet":
-                threading.Thread(target=kill_on_new_parquet, args=(path, parquet_files(path)), daemon=True).start()
+                threading.Thread(target=stop_on_new_parquet, args=(path, parquet_files(path)), daemon=True).start()
             original_commit(self, rows)
-            die()
+            halt("parquet" if crash == "parquet" else "after-commit")  # parquet: the commit won the race
 
         table.EpisodeTable.append = commit
 
@@ -101,10 +121,11 @@ def parquet_files(path: str) -> set[str]:
     return out
 
 
-def kill_on_new_parquet(path: str, before: set[str]) -> None:
+def stop_on_new_parquet(path: str, before: set[str]) -> None:
     while parquet_files(path) <= before:
         pass
-    die()
+    say("point parquet")
+    os.kill(os.getpid(), signal.SIGSTOP)  # every thread stops; the parent's SIGKILL ends it
 
 
 def trial(cmd: dict) -> None:
@@ -113,7 +134,7 @@ def trial(cmd: dict) -> None:
     seed, per_commit = cmd["seed"], cmd["per_commit"]
     batch: list[int] = []
     for i in range(cmd["episodes"]):
-        say(f"episode {i}")
+        report(f"episode {i}")
         raw = episode(seed, i)
         if cmd["stepwise"]:
             write_stepwise(ds, raw)
@@ -122,7 +143,7 @@ def trial(cmd: dict) -> None:
         batch.append(i)
         if len(batch) == per_commit or i == cmd["episodes"] - 1:
             ds.flush()
-            say("committed " + " ".join(map(str, batch)))
+            report("committed " + " ".join(map(str, batch)))
             batch = []
 
 
@@ -131,6 +152,7 @@ def serve() -> None:
         cmd = json.loads(line)
         pid = os.fork()
         if pid == 0:
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})  # queued until sigwait takes it
             say(f"pid {os.getpid()}")
             try:
                 trial(cmd)

@@ -95,14 +95,27 @@ def action_out_episode(
     are kept: observation row ``t + 1`` is ``observations[t + 1]`` inside the
     run and ``next_observations[n - 1]`` at its end; ``strict`` checks that
     ``next_observations[t] == observations[t + 1]`` and names the first row
-    that differs. Without them the last row's action produced an observation
-    nobody recorded: that transition is dropped and the episode (``n - 1``
-    transitions) ends with neither flag, since its true end is not in the
-    data. Returns None when nothing is left (``n == 1`` without
-    ``next_observations``). ``terminated`` wins over ``truncated``. Errors
-    name rows as ``first_row + t`` (the run's position in its source).
+    that differs.
+
+    Without them the last row's action produced an observation nobody
+    recorded, and the end flag decides (see :func:`kept_transitions`):
+
+    * ``terminated``: all ``n`` transitions are kept, the terminal reward
+      included; the final observation row repeats observation ``n - 1``. A
+      terminal transition's next observation is never bootstrapped from, so
+      no outcome and no training target is invented.
+    * ``truncated`` or neither flag: the last transition is dropped and the
+      episode (``n - 1`` transitions) keeps its flag: it really was cut short
+      at observation ``n - 1``, which is recorded, so bootstrapping from it is
+      correct. Returns None when nothing is left (``n == 1``).
+
+    ``terminated`` wins over ``truncated``. Errors name rows as
+    ``first_row + t`` (the run's position in its source).
     """
     n = len(next(iter(rewards.values())))
+    length = kept_transitions(n, terminated, next_observations is not None)
+    if length == 0:
+        return None
     if next_observations is not None:
         if strict:
             for k, nxt in next_observations.items():
@@ -114,12 +127,10 @@ def action_out_episode(
                         "pass strict=False to take the observations as the truth"
                     )
         obs = {k: np.concatenate([v, next_observations[k][-1:]]) for k, v in observations.items()}
-        length = n
+    elif length == n:  # terminal without its next observation: a placeholder row that nothing bootstraps from
+        obs = {k: np.concatenate([v, v[-1:]]) for k, v in observations.items()}
     else:
-        if n < 2:
-            return None
-        obs, length = dict(observations), n - 1
-        terminated = truncated = False
+        obs = dict(observations)
     episode: dict[str, Any] = {
         "observations": obs,
         "actions": {k: v[:length] for k, v in actions.items()},
@@ -131,6 +142,13 @@ def action_out_episode(
     if extras:
         episode["extras"] = {k: v[:length] for k, v in extras.items()}
     return episode
+
+
+def kept_transitions(n: int, terminated: bool, has_next_observations: bool) -> int:
+    """Transitions an action-out run of ``n`` rows keeps: ``n`` with next observations or when it ends
+    terminated (its final next observation is never used), else ``n - 1`` (the last one has no next observation).
+    """
+    return n if has_next_observations or terminated else n - 1
 
 
 def _rows_equal(a: np.ndarray, b: np.ndarray) -> np.ndarray:

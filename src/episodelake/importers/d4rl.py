@@ -11,13 +11,19 @@ ignored.
 Episodes end at every row where ``terminals`` or ``timeouts`` is set (rows
 after the last such row form one more episode, ended with neither flag).
 Each is converted by :func:`episodelake.importers.action_out_episode`: with
-``next_observations`` every row is a transition; without them each episode
-loses its last row's transition (its next observation was never recorded).
+``next_observations`` every row is a transition. Without them a terminal
+episode keeps every transition (its final observation row repeats the last
+recorded one: a terminal next observation is never bootstrapped from), and a
+timeout or unfinished episode drops its last transition, whose next
+observation was never recorded, and keeps its flag. No end flag is lost: a
+one-row episode left with no transition is skipped with a warning and listed
+in ``info["source"]["skipped_episodes"]``.
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -26,7 +32,7 @@ import numpy as np
 from ..dataset import Dataset
 from ..errors import ValidationError
 from ..schema import DatasetSchema
-from . import SOURCE_EPISODE, action_out_episode, fields_from_arrays, write_import
+from . import SOURCE_EPISODE, action_out_episode, fields_from_arrays, kept_transitions, write_import
 
 ROLE_KEYS = {"observations": "observation", "actions": "action", "rewards": "reward"}
 
@@ -109,6 +115,16 @@ def load(
         )
     terminals, timeouts = _flags(data, "terminals", n), _flags(data, "timeouts", n)
     bounds = episode_bounds(terminals, timeouts)
+    skipped = [
+        i for i, (a, b) in enumerate(bounds) if kept_transitions(b - a, terminals[b - 1], next_obs is not None) == 0
+    ]
+    if skipped:
+        warnings.warn(
+            f"D4RL import: {len(skipped)} one-row episode(s) without next_observations have no transition to keep "
+            f"and are skipped (source episodes {skipped[:10]}{'...' if len(skipped) > 10 else ''}); "
+            'listed in info["source"]["skipped_episodes"]',
+            stacklevel=2,
+        )
 
     schema = DatasetSchema(
         fields_from_arrays(roles["observation"], "observation")
@@ -143,6 +159,9 @@ def load(
             "rows": n,
             "episodes": len(bounds),
             "next_observations": next_obs is not None,
+            "skipped_episodes": skipped,
+            # without next_observations a terminal episode's final observation row repeats the last recorded one
+            "terminal_final_observation": "recorded" if next_obs is not None else "repeats the last observation",
         }
     }
     return write_import(

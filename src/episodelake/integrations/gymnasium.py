@@ -14,6 +14,13 @@ creates a dataset whose descriptor ``info`` records the env spec, both spaces
 (JSON, see :func:`space_to_json`) and the versions of the packages providing
 the env, for reproducibility.
 
+Both recorders take ``info_keys`` (info entries recorded as per-step fields
+``extra/<key>``), ``outcome`` (meta fields read from the info of an episode's
+last step, e.g. ``{"success": "is_success"}``), and, when they create the
+dataset, ``schema``/``meta_fields``/``compression``/``field_options`` (see
+:func:`schema_for_env`). ``seed``/``env_id`` meta is kept whatever schema is
+passed.
+
 An episode still running when the recorder is reset or closed was cut short:
 it is dropped unless ``keep_partial=True`` (then it is stored with neither
 flag set).
@@ -21,6 +28,7 @@ flag set).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata as md
 import json
 import math
@@ -31,8 +39,9 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv, VectorWrapper
 
-from ..dataset import Dataset
+from ..dataset import DESCRIPTOR, Dataset
 from ..errors import EpisodeStateError, SchemaError, ValidationError
+from ..location import resolve
 from ..schema import DatasetSchema, FieldSpec, schema_from_gym_spaces
 from ..writer import EpisodeWriter, VectorEpisodeWriter
 
@@ -156,32 +165,116 @@ def env_info(env: gym.Env | VectorEnv) -> dict[str, Any]:
     return out
 
 
+# Meta the recorders fill in themselves, with the dtype they create it with.
+_AUTO_META = {"seed": "uint64", "env_id": "str", "env_index": "int64"}
+# create_options that shape the schema rather than being passed on to Dataset.create.
+_SCHEMA_OPTIONS = ("schema", "meta_fields", "reward_dtype", "compression", "field_options")
+
+
+def _spaces(env: gym.Env | VectorEnv) -> tuple[gym.Space, gym.Space]:
+    if isinstance(env, VectorEnv):
+        return env.single_observation_space, env.single_action_space
+    return env.observation_space, env.action_space
+
+
+def _check_auto_meta(f: FieldSpec) -> None:
+    """A declared ``seed``/``env_id``/``env_index`` field must hold what the recorder stores there."""
+    want = _AUTO_META[f.name]
+    kind = f.np_dtype.kind
+    if f.shape != () or (kind != "U" if want == "str" else kind not in "iu"):
+        expected = "a scalar str" if want == "str" else f"a scalar integer (the recorder creates {want})"
+        raise SchemaError(f"meta field {f.name!r} is {f.dtype}{list(f.shape)}; the recorder stores {expected} there")
+
+
+def schema_for_env(
+    env: gym.Env | VectorEnv,
+    *,
+    schema: DatasetSchema | None = None,
+    meta_fields: Sequence[FieldSpec] = (),
+    reward_dtype: Any = "float64",
+    extra_fields: Sequence[FieldSpec] = (),
+    compression: str | None = None,
+    field_options: Mapping[str, Mapping[str, Any]] | None = None,
+) -> DatasetSchema:
+    """The schema a recorder of ``env`` writes (single-env spaces for a vector env).
+
+    * Starts from ``schema`` when given (its observation and action fields must
+      match the spaces; ``reward_dtype`` is then ignored), else from the spaces
+      with ``reward_dtype`` rewards (float64 by default: Gymnasium returns
+      Python floats, nothing is rounded).
+    * Adds ``meta_fields`` and ``extra_fields`` (per-step, ``role="extra"``).
+    * Always has the meta fields ``seed`` (uint64: Gymnasium seeds are
+      non-negative), ``env_id`` (str) and, for vector envs, ``env_index``
+      (int64): added when absent; a declared field of that name must be a
+      scalar integer (str for ``env_id``), else :class:`SchemaError`.
+    * ``field_options`` maps field keys to :class:`FieldSpec` attribute
+      overrides (``{"observation": {"chunk_rows": 32}}``); ``compression``
+      (``"zstd"``) applies to every tensor field whose options set none.
+    """
+    if compression not in (None, "zstd"):
+        raise SchemaError(f"compression must be None or 'zstd', got {compression!r}")
+    obs_space, act_space = _spaces(env)
+    if schema is None:
+        base = list(schema_from_gym_spaces(obs_space, act_space, reward_dtype))
+    elif isinstance(schema, DatasetSchema):
+        check_spaces(schema, obs_space, act_space)
+        base = list(schema)
+    else:
+        raise SchemaError(f"schema must be a DatasetSchema, got {type(schema).__name__}")
+    have = {f.key for f in base}
+    fields = base + list(meta_fields) + [f for f in extra_fields if f.key not in have]
+    meta = {f.name: f for f in fields if f.role == "meta"}
+    names = ("seed", "env_id", "env_index") if isinstance(env, VectorEnv) else ("seed", "env_id")
+    for name in names:
+        if name in meta:
+            _check_auto_meta(meta[name])
+        else:
+            fields.append(FieldSpec(name, (), _AUTO_META[name], role="meta"))
+    options = dict(field_options or {})
+    unknown = sorted(set(options) - {f.key for f in fields})
+    if unknown:
+        raise SchemaError(f"field_options names unknown field(s) {unknown}; fields are {[f.key for f in fields]}")
+    out = []
+    for f in fields:
+        opts = dict(options.get(f.key, {}))
+        if {"name", "role"} & set(opts):
+            raise SchemaError(f"field_options[{f.key!r}] cannot change a field's name or role")
+        try:
+            f = dataclasses.replace(f, **opts)
+        except (TypeError, ValueError) as exc:
+            raise SchemaError(f"field_options[{f.key!r}]: {exc}") from None
+        if compression is not None and f.in_tensor and "compression" not in opts:
+            f = dataclasses.replace(f, compression=compression)
+        out.append(f)
+    return DatasetSchema(out)
+
+
 def dataset_for_env(
     env: gym.Env | VectorEnv,
     path: str | None = None,
     *,
+    schema: DatasetSchema | None = None,
     meta_fields: Sequence[FieldSpec] = (),
     reward_dtype: Any = "float64",
+    compression: str | None = None,
+    field_options: Mapping[str, Mapping[str, Any]] | None = None,
     **create_options: Any,
 ) -> Dataset:
-    """Create a dataset whose schema fits ``env``'s spaces (single-env spaces for a vector env).
+    """Create a dataset with the schema :func:`schema_for_env` gives for ``env``.
 
-    Meta fields ``seed`` (uint64: Gymnasium seeds are non-negative), ``env_id``
-    (str) and, for vector envs, ``env_index`` (int64) are added before
-    ``meta_fields``. Rewards default to float64 (Gymnasium returns Python
-    floats; nothing is rounded).
+    The descriptor's ``info`` records :func:`env_info` (plus any ``info=``
+    passed); the other ``create_options`` go to :meth:`Dataset.create`.
     """
-    vector = isinstance(env, VectorEnv)
-    auto = [FieldSpec("seed", (), "uint64", role="meta"), FieldSpec("env_id", (), "str", role="meta")]
-    if vector:
-        auto.append(FieldSpec("env_index", (), "int64", role="meta"))
-    names = {f.name for f in meta_fields}
-    meta = [f for f in auto if f.name not in names] + list(meta_fields)
-    obs_space = env.single_observation_space if vector else env.observation_space
-    act_space = env.single_action_space if vector else env.action_space
-    schema = schema_from_gym_spaces(obs_space, act_space, reward_dtype, meta)
+    full = schema_for_env(
+        env,
+        schema=schema,
+        meta_fields=meta_fields,
+        reward_dtype=reward_dtype,
+        compression=compression,
+        field_options=field_options,
+    )
     info = {**env_info(env), **dict(create_options.pop("info", None) or {})}
-    return Dataset.create(schema, path, info=info, **create_options)
+    return Dataset.create(full, path, info=info, **create_options)
 
 
 def check_spaces(schema: DatasetSchema, observation_space: gym.Space, action_space: gym.Space) -> None:
@@ -199,27 +292,142 @@ def check_spaces(schema: DatasetSchema, observation_space: gym.Space, action_spa
                 )
 
 
-def _resolve_dataset(dataset: Dataset | str | None, env: gym.Env | VectorEnv, create_options: Any) -> Dataset:
-    if isinstance(dataset, Dataset):
-        if create_options:
-            raise TypeError(f"create options {sorted(create_options)} only apply when the recorder creates the dataset")
-        vector = isinstance(env, VectorEnv)
-        check_spaces(
-            dataset.schema,
-            env.single_observation_space if vector else env.observation_space,
-            env.single_action_space if vector else env.action_space,
+def _infer_field(name: str, value: Any, role: str, what: str) -> FieldSpec:
+    """A field holding ``value`` (its dtype and shape), named for the error if it cannot be one."""
+    arr = np.asarray(value)
+    try:
+        return FieldSpec(name, arr.shape, "str" if arr.dtype.kind == "U" else arr.dtype, role=role)
+    except SchemaError as exc:
+        raise SchemaError(f"{what}: cannot record {type(value).__name__} values ({exc}); declare the field") from None
+
+
+class _Recording:
+    """The dataset a recorder writes and what it takes from ``info`` (shared by both recorders).
+
+    ``info_keys`` become per-step fields ``extra/<key>``; ``outcome`` maps meta
+    fields to the info key read at an episode's last step. Fields the schema
+    does not declare are inferred from the first step's info, so the dataset
+    is then created at the first step.
+    """
+
+    def __init__(
+        self,
+        env: gym.Env | VectorEnv,
+        dataset: Dataset | str | None,
+        info_keys: Sequence[str],
+        outcome: Mapping[str, str] | None,
+        create_options: dict[str, Any],
+    ) -> None:
+        if isinstance(info_keys, str):
+            raise TypeError("info_keys must be a sequence of info key names, not one string")
+        self.info_keys = tuple(info_keys)
+        self.outcome = dict(outcome or {})
+        self.env = env
+        self.dataset: Dataset | None = None
+        if isinstance(dataset, Dataset):
+            if create_options:
+                raise TypeError(
+                    f"create options {sorted(create_options)} only apply when the recorder creates the dataset"
+                )
+            # Rebuilding the schema for the env checks its spaces and its seed/env_id/env_index meta.
+            full = schema_for_env(env, schema=dataset.schema)
+            if full != dataset.schema:
+                missing = [f.name for f in full.meta_fields if f.name not in {m.name for m in dataset.schema}]
+                raise SchemaError(f"the dataset lacks the meta field(s) {missing} the recorder fills in")
+            self._undeclared(dataset.schema, fail=True)
+            self.dataset = dataset
+            return
+        self.path = dataset
+        self.schema_options = {k: create_options.pop(k) for k in _SCHEMA_OPTIONS if k in create_options}
+        self.create_options = create_options
+        # Build the schema now with stand-ins for undeclared fields, so bad options fail here, not mid-run.
+        extra, meta = self._undeclared(self._schema())
+        full = self._schema(
+            [FieldSpec(k, (), "float64", role="extra") for k in extra],
+            [FieldSpec(m, (), "bool", role="meta") for m in meta],
         )
-        return dataset
-    return dataset_for_env(env, dataset, **create_options)
+        if not extra and not meta:
+            self.dataset = dataset_for_env(env, self.path, schema=full, **self.create_options)
+        elif not create_options.get("overwrite"):  # fail now rather than at the first step
+            loc = resolve(dataset, dict(create_options.get("storage_options") or {}))
+            if loc.exists(DESCRIPTOR):
+                raise FileExistsError(f"a dataset already exists at {loc.url}; pass overwrite=True to replace it")
+
+    def _schema(self, extra: Sequence[FieldSpec] = (), meta: Sequence[FieldSpec] = ()) -> DatasetSchema:
+        opts = dict(self.schema_options)
+        meta_fields = [*opts.pop("meta_fields", ()), *meta]
+        return schema_for_env(self.env, meta_fields=meta_fields, extra_fields=extra, **opts)
+
+    def _undeclared(self, schema: DatasetSchema, fail: bool = False) -> tuple[list[str], list[str]]:
+        """(info keys, outcome meta names) that ``schema`` has no field for."""
+        keys = {f.key for f in schema}
+        extra = [k for k in self.info_keys if f"extra/{k}" not in keys]
+        meta = [m for m in self.outcome if m not in {f.name for f in schema.meta_fields}]
+        if fail and (extra or meta):
+            raise SchemaError(
+                f"the dataset has no field for info key(s) {extra} (extra/<key>) or outcome(s) {meta} (meta)"
+            )
+        extras = {f.name for f in schema.role_fields("extra")}
+        if fail and extras - set(self.info_keys):
+            raise SchemaError(f"extra field(s) {sorted(extras - set(self.info_keys))} are not in info_keys")
+        return extra, meta
+
+    def ensure(self, infos: Sequence[Mapping[str, Any]]) -> Dataset:
+        """The dataset, created now (from these first-step infos) if it waited for them."""
+        if self.dataset is not None:
+            return self.dataset
+        extra_keys, meta_names = self._undeclared(self._schema())
+        found = {}
+        for key in {*extra_keys, *(self.outcome[m] for m in meta_names)}:
+            found[key] = next((info[key] for info in infos if key in info), _MISSING)
+        missing = [k for k in extra_keys if found[k] is _MISSING]
+        if missing:
+            raise _missing_info("step 0", missing)
+        extra = [_infer_field(k, found[k], "extra", f"info key {k!r}") for k in extra_keys]
+        meta = []
+        for m in meta_names:
+            key = self.outcome[m]
+            if found[key] is _MISSING:
+                raise SchemaError(
+                    f"outcome {m!r}: info key {key!r} is not in the first step's info, so its type is unknown; "
+                    f"declare it, e.g. meta_fields=[FieldSpec({m!r}, (), 'bool', role='meta')]"
+                )
+            meta.append(_infer_field(m, found[key], "meta", f"outcome {m!r} (info key {key!r})"))
+        self.dataset = dataset_for_env(self.env, self.path, schema=self._schema(extra, meta), **self.create_options)
+        return self.dataset
+
+    def extras(self, info: Mapping[str, Any], where: str) -> dict[str, Any] | None:
+        """The step's ``info_keys`` values (None when there are none)."""
+        if not self.info_keys:
+            return None
+        missing = [k for k in self.info_keys if k not in info]
+        if missing:
+            raise _missing_info(where, missing)
+        return {k: info[k] for k in self.info_keys}
+
+    def outcomes(self, info: Mapping[str, Any] | None) -> dict[str, Any]:
+        """Outcome meta from an episode's last-step info; a key the info lacks gives None (null)."""
+        info = info or {}
+        return {m: info.get(key) for m, key in self.outcome.items()}
 
 
-def _episode_meta(schema: DatasetSchema, auto: Mapping[str, Any], meta: Meta, context: dict[str, Any]) -> dict:
-    """Auto meta (only the fields the schema has), then the static mapping, then the callable's result."""
-    names = {f.name for f in schema.meta_fields}
-    out = {k: v for k, v in auto.items() if k in names}
+_MISSING = object()
+
+
+def _missing_info(where: str, keys: list[str]) -> ValidationError:
+    return ValidationError(f"{where}: info has no {keys} (info_keys are recorded at every step)")
+
+
+def _episode_meta(auto: Mapping[str, Any], meta: Meta, context: dict[str, Any]) -> dict:
+    """Auto meta, then the static mapping, then the callable's result."""
     extra = meta(context) if callable(meta) else meta
-    out.update(extra or {})
-    return out
+    return {**auto, **(extra or {})}
+
+
+_NOT_CREATED = (
+    "the dataset is created at the first step: undeclared info_keys/outcome fields take their types from it "
+    "(declare them in schema= or meta_fields= to create it up front)"
+)
 
 
 # ---------------------------------------------------------------- single env
@@ -229,10 +437,16 @@ class RecordEpisodes(gym.Wrapper):
     """Record every episode of ``env`` into ``dataset`` (a Dataset, a path, or None for memory).
 
     With a path or None the dataset is created by :func:`dataset_for_env`
-    (``create_options`` are passed on). ``meta`` is a mapping of per-episode
-    meta values or a callable receiving ``{"seed", "options", "info",
-    "episode"}`` at each reset. Episodes are committed in batches; ``close()``
-    (or ``dataset.flush()``) commits the rest.
+    (``create_options`` are passed on: ``schema``, ``meta_fields``,
+    ``compression``, ``field_options``, ``reward_dtype``, and the options of
+    :meth:`Dataset.create`). ``meta`` is a mapping of per-episode meta values
+    or a callable receiving ``{"seed", "options", "info", "episode"}`` at each
+    reset. ``info_keys`` are recorded at every step as fields ``extra/<key>``
+    (a step whose info lacks one is a :class:`ValidationError`); ``outcome``
+    maps meta fields to info keys read at the episode's last step
+    (``{"success": "is_success"}``; a key that info lacks gives null). Episodes
+    are committed in batches; ``close()`` (or ``dataset.flush()``) commits the
+    rest.
     """
 
     def __init__(
@@ -241,59 +455,97 @@ class RecordEpisodes(gym.Wrapper):
         dataset: Dataset | str | None = None,
         meta: Meta = None,
         keep_partial: bool = False,
+        info_keys: Sequence[str] = (),
+        outcome: Mapping[str, str] | None = None,
         **create_options: Any,
     ) -> None:
         super().__init__(env)
-        self.dataset = _resolve_dataset(dataset, env, create_options)
+        self._rec = _Recording(env, dataset, info_keys, outcome, create_options)
         self.meta = meta
         self.keep_partial = keep_partial
         self.episodes_started = 0
         self._writer: EpisodeWriter | None = None
+        self._start: tuple[Any, dict[str, Any]] | None = None  # reset waiting for the dataset
+        self._last_info: Mapping[str, Any] | None = None
         spec = env.spec
         self._env_id = spec.id if spec is not None else None
+
+    @property
+    def dataset(self) -> Dataset:
+        if self._rec.dataset is None:
+            raise EpisodeStateError(_NOT_CREATED)
+        return self._rec.dataset
 
     def _end_open(self) -> None:
         w = self._writer
         if w is not None and not w.done:
             if self.keep_partial and w.length:
-                w.finish()
+                w.finish(**self._rec.outcomes(self._last_info))
             else:
                 w.discard()
         self._writer = None
+        self._start = None
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
         self._end_open()
         obs, info = self.env.reset(seed=seed, options=options)
         context = {"seed": seed, "options": options, "info": info, "episode": self.episodes_started}
-        auto = {"seed": seed, "env_id": self._env_id}
-        meta = _episode_meta(self.dataset.schema, auto, self.meta, context)
-        self._writer = self.dataset.new_episode(obs, **meta)
+        meta = _episode_meta({"seed": seed, "env_id": self._env_id}, self.meta, context)
+        if self._rec.dataset is None:
+            self._start = (obs, meta)
+        else:
+            self._writer = self._rec.dataset.new_episode(obs, **meta)
         self.episodes_started += 1
         return obs, info
 
     def step(self, action: Any) -> tuple[Any, Any, bool, bool, dict[str, Any]]:
-        if self._writer is None or self._writer.done:
+        if self._start is None and (self._writer is None or self._writer.done):
             raise EpisodeStateError("RecordEpisodes: call reset() before step() (the last episode ended)")
         obs, reward, terminated, truncated, info = self.env.step(action)
+        if self._start is not None:
+            first_obs, meta = self._start
+            self._writer = self._rec.ensure([info]).new_episode(first_obs, **meta)
+            self._start = None
+        writer = self._writer
         # Gymnasium may set both (TimeLimit on a terminal step); the state is terminal, so terminated wins.
-        self._writer.add_step(
-            {
-                "observations": obs,
-                "actions": action,
-                "rewards": reward,
-                "terminated": terminated,
-                "truncated": bool(truncated) and not terminated,
-            }
-        )
+        step = {
+            "observations": obs,
+            "actions": action,
+            "rewards": reward,
+            "terminated": terminated,
+            "truncated": bool(truncated) and not terminated,
+        }
+        extras = self._rec.extras(info, f"step {writer.length}")
+        if extras is not None:
+            step["extras"] = extras
+        if (terminated or truncated) and self._rec.outcome:
+            writer.add_step(step, meta=self._rec.outcomes(info))
+        else:
+            writer.add_step(step)
+        self._last_info = info
         return obs, reward, terminated, truncated, info
 
     def close(self) -> None:
         self._end_open()
-        self.dataset.flush()
+        if self._rec.dataset is not None:
+            self._rec.dataset.flush()
         super().close()
 
 
 # ---------------------------------------------------------------- vector env
+
+
+def _env_info(infos: Mapping[str, Any], i: int) -> dict[str, Any]:
+    """Env ``i``'s info from a vector env's batched infos (entries masked by ``_<key>``)."""
+    out: dict[str, Any] = {}
+    for key, value in infos.items():
+        if key.startswith("_"):
+            continue
+        mask = infos.get(f"_{key}")
+        if mask is not None and not mask[i]:
+            continue
+        out[key] = _env_info(value, i) if isinstance(value, Mapping) else value[i]
+    return out
 
 
 class RecordVectorEpisodes(VectorWrapper):
@@ -305,7 +557,10 @@ class RecordVectorEpisodes(VectorWrapper):
     ``meta`` is a mapping or a callable receiving ``{"env_index", "seed",
     "episode"}`` when each episode starts. ``seed`` meta: ``seed + i`` (or
     ``seed[i]``) for the episodes started by a seeded ``reset``, None after
-    autoresets.
+    autoresets. ``info_keys``, ``outcome`` and ``create_options`` as for
+    :class:`RecordEpisodes`; each env's info is read from the batched infos
+    (its ``_<key>`` mask), and in ``SAME_STEP`` mode from
+    ``infos["final_info"]`` on the step that ends its episode.
     """
 
     def __init__(
@@ -314,6 +569,8 @@ class RecordVectorEpisodes(VectorWrapper):
         dataset: Dataset | str | None = None,
         meta: Meta = None,
         keep_partial: bool = False,
+        info_keys: Sequence[str] = (),
+        outcome: Mapping[str, str] | None = None,
         **create_options: Any,
     ) -> None:
         super().__init__(env)
@@ -322,29 +579,48 @@ class RecordVectorEpisodes(VectorWrapper):
         if mode not in _AUTORESET:
             raise ValidationError(f"RecordVectorEpisodes supports NEXT_STEP and SAME_STEP autoreset, not {mode}")
         self.autoreset_mode = _AUTORESET[mode]
-        self.dataset = _resolve_dataset(dataset, env, create_options)
+        self._rec = _Recording(env, dataset, info_keys, outcome, create_options)
         self.meta = meta
         self.keep_partial = keep_partial
         self.episodes_started = 0
         self._writer: VectorEpisodeWriter | None = None
-        self._seeds: list[int | None] = [None] * env.num_envs
+        self._reset_obs: Any = None  # reset waiting for the dataset
+        n = env.num_envs
+        self._seeds: list[int | None] = [None] * n
+        self._ended = np.zeros(n, bool)
+        self._last_info: list[Mapping[str, Any] | None] = [None] * n
         spec = _spec(env)
         self._env_id = spec.id if spec is not None else None
+
+    @property
+    def dataset(self) -> Dataset:
+        if self._rec.dataset is None:
+            raise EpisodeStateError(_NOT_CREATED)
+        return self._rec.dataset
 
     def _episode_meta(self, i: int) -> dict[str, Any]:
         seed, self._seeds[i] = self._seeds[i], None  # only the first episode after reset() is seeded
         context = {"env_index": i, "seed": seed, "episode": self.episodes_started}
         self.episodes_started += 1
-        auto = {"seed": seed, "env_id": self._env_id, "env_index": i}
-        return _episode_meta(self.dataset.schema, auto, self.meta, context)
+        return _episode_meta({"seed": seed, "env_id": self._env_id, "env_index": i}, self.meta, context)
+
+    def _close_writer(self) -> None:
+        w = self._writer
+        if w is not None and self.keep_partial and self._rec.outcome:
+            for i, ew in enumerate(w.writers):
+                if ew is not None and not ew.done and ew.length:
+                    w.set_meta(i, **self._rec.outcomes(self._last_info[i]))
+        if w is not None:
+            w.close(finish_open=self.keep_partial)
+        self._writer = None
+        self._reset_obs = None
 
     def reset(
         self, *, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Any, dict[str, Any]]:
         if options and "reset_mask" in options:
             raise ValidationError("RecordVectorEpisodes does not support partial resets (options['reset_mask'])")
-        if self._writer is not None:
-            self._writer.close(finish_open=self.keep_partial)
+        self._close_writer()
         obs, infos = self.env.reset(seed=seed, options=options)
         n = self.num_envs
         if seed is None:
@@ -353,20 +629,54 @@ class RecordVectorEpisodes(VectorWrapper):
             self._seeds = [seed + i for i in range(n)]
         else:
             self._seeds = list(seed)
-        self._writer = self.dataset.vector_writer(obs, n, self.autoreset_mode, meta=self._episode_meta)
+        self._ended[:] = False
+        if self._rec.dataset is None:
+            self._reset_obs = obs
+        else:
+            self._writer = self._rec.dataset.vector_writer(obs, n, self.autoreset_mode, meta=self._episode_meta)
         return obs, infos
 
     def step(self, actions: Any) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
-        if self._writer is None:
+        if self._writer is None and self._reset_obs is None:
             raise EpisodeStateError("RecordVectorEpisodes: call reset() before step()")
         obs, rewards, terminated, truncated, infos = self.env.step(actions)
         term = np.asarray(terminated, dtype=bool)
-        self._writer.add_steps(obs, actions, rewards, term, np.asarray(truncated, dtype=bool) & ~term, infos)
+        trunc = np.asarray(truncated, dtype=bool) & ~term
+        ended = term | trunc
+        # Env i's step info (None for a next_step reset row, which records no transition).
+        step_infos: list[dict[str, Any] | None] = []
+        for i in range(self.num_envs):
+            if self._ended[i] and self.autoreset_mode == "next_step":
+                step_infos.append(None)
+            elif ended[i] and self.autoreset_mode == "same_step":
+                step_infos.append(_env_info(infos.get("final_info", {}), i))
+            else:
+                step_infos.append(_env_info(infos, i))
+        if self._writer is None:
+            ds = self._rec.ensure([s for s in step_infos if s is not None])
+            mode = self.autoreset_mode
+            self._writer = ds.vector_writer(self._reset_obs, self.num_envs, mode, meta=self._episode_meta)
+            self._reset_obs = None
+        extras = None
+        if self._rec.info_keys:
+            extras = [
+                None if s is None else self._rec.extras(s, f"env {i}, step {self._writer.writers[i].length}")
+                for i, s in enumerate(step_infos)
+            ]
+        args = (obs, actions, rewards, term, trunc, infos, extras)
+        if self._rec.outcome:
+            meta = [self._rec.outcomes(s) if s is not None and ended[i] else None for i, s in enumerate(step_infos)]
+            self._writer.add_steps(*args, meta=meta)
+        else:
+            self._writer.add_steps(*args)
+        for i, s in enumerate(step_infos):
+            if s is not None:
+                self._last_info[i] = s
+        self._ended = ended
         return obs, rewards, terminated, truncated, infos
 
     def close(self, **kwargs: Any) -> None:
-        if self._writer is not None:
-            self._writer.close(finish_open=self.keep_partial)
-            self._writer = None
-        self.dataset.flush()
+        self._close_writer()
+        if self._rec.dataset is not None:
+            self._rec.dataset.flush()
         super().close(**kwargs)

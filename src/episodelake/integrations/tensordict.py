@@ -2,8 +2,11 @@
 
 Layout, batch size ``[B]``: ``observation`` (or ``observation/<name>`` nested
 for dict observations), ``action``, ``mask``, ``episode_id``, ``start``,
-``meta/<name>`` (numeric meta only), and under ``next``: ``observation``,
-``reward``, ``terminated``, ``truncated``, ``done`` (``terminated | truncated``).
+``meta/<name>`` for every meta field (numeric/bool: a tensor holding the fill
+value where unset; ``str``: non-tensor data, a ``NonTensorStack`` of ``str``
+or None), ``meta_mask/<name>`` (bool, False where unset), and under ``next``:
+``observation``, ``reward``, ``terminated``, ``truncated``, ``done``
+(``terminated | truncated``).
 Transitions add ``discount``, ``n_steps`` and the ``*_mask`` fields.
 ``observation`` and ``("next", "observation")`` are views of one tensor.
 """
@@ -11,6 +14,8 @@ Transitions add ``discount``, ``n_steps`` and the ``*_mask`` fields.
 from __future__ import annotations
 
 from typing import Any
+
+import numpy as np
 
 from ..segments import RoleView
 from .torch import to_torch
@@ -52,7 +57,18 @@ def batch_to_tensordict(batch: Any, device: Any = None) -> Any:
         value = getattr(tb, name, None)
         if value is not None:
             data[name] = value
-    meta = {k: v for k, v in tb.meta.flat().items() if isinstance(v, torch.Tensor)}
+    meta = {k: v if isinstance(v, torch.Tensor) else _non_tensor(k, v) for k, v in tb.meta.flat().items()}
     if meta:
         data["meta"] = meta
+        data["meta_mask"] = tb.meta_mask.flat()
     return TensorDict(data, batch_size=[len(tb.episode_id)], device=device)
+
+
+def _non_tensor(name: str, values: Any) -> Any:
+    """String meta as per-item non-tensor data (never dropped); anything else non-numeric is an error."""
+    from tensordict import NonTensorStack
+
+    items = values.tolist() if isinstance(values, np.ndarray) else list(values)
+    if not all(v is None or isinstance(v, str) for v in items):
+        raise TypeError(f"batch_to_tensordict: meta field {name!r} holds values that are neither numbers nor str")
+    return NonTensorStack.from_list(items)

@@ -2,8 +2,10 @@
 
 ``to_torch(batch, device)`` converts every numeric buffer once (``batch.map``),
 so ``obs``/``next_obs`` stay views of one tensor on the device. Buffers go
-through ``torch.from_numpy`` (no copy) and then ``.to(device)``; string or
-object meta values stay NumPy arrays.
+through ``torch.from_numpy`` (no copy) and then ``.to(device)``. Meta values
+are typed arrays (unset entries hold the fill value, ``meta_mask`` is False
+there), so they become tensors too; only ``str`` meta stays a NumPy object
+array of ``str``/None.
 """
 
 from __future__ import annotations
