@@ -10,7 +10,6 @@ that used it, and compares with the parent's own read and with ground truth.
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 
 import numpy as np
@@ -86,36 +85,3 @@ def test_plain_reader_reports_a_missing_chunk(tmp_path):
     chunk.unlink()
     with pytest.raises(el.CorruptionError, match=str(chunk)):
         PlainArray(ds.location, writer, f).read(0, 40)
-
-
-def _write_in_child(url: str, queue) -> None:
-    ds = el.Dataset.open(url)
-    try:
-        ds.append_episodes([{"observations": np.zeros((3, 5), np.float32), "actions": [1, 2], "rewards": [0, 1]}])
-        ds.flush()
-        queue.put("written")
-    except RuntimeError as exc:
-        queue.put(str(exc))
-
-
-def test_writing_in_a_forked_child_fails_clearly_instead_of_aborting(tmp_path):
-    schema = el.DatasetSchema(
-        [
-            el.FieldSpec("observation", (5,), "float32", storage="tensor"),
-            el.FieldSpec("action", (), "int64", role="action"),
-            el.FieldSpec("reward", (), "float32", role="reward"),
-        ]
-    )
-    url = str(tmp_path / "ds")
-    ds = el.Dataset.create(schema, url)
-    ds.append_episodes([{"observations": np.ones((3, 5), np.float32), "actions": [1, 2], "rewards": [0, 1]}])
-    ds.flush()  # this process has used TensorStore
-    ctx = mp.get_context("fork")
-    queue = ctx.Queue()
-    child = ctx.Process(target=_write_in_child, args=(url, queue))
-    child.start()
-    message = queue.get(timeout=120)
-    child.join(timeout=120)
-    assert child.exitcode == 0
-    assert "forked" in message and "spawn" in message
-    assert el.Dataset.open(url).num_episodes == 1

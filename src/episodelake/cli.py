@@ -150,7 +150,8 @@ def cmd_vacuum(args: argparse.Namespace) -> int:
         print(f"{verb} rows [{t['kept']}, {t['rows']}) of {t['array']}")
     print(
         f"{verb} {len(report.table_files)} table files, {len(report.tensor_arrays)} tensor arrays, "
-        f"{len(report.truncated)} array tails; {report.unreclaimed_rows} unreferenced rows left inside arrays"
+        f"{len(report.truncated)} array tails; {report.unreferenced_rows} unreferenced rows "
+        f"({report.unreclaimed_rows} cannot be reclaimed)"
     )
     return 0
 

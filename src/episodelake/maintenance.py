@@ -416,14 +416,15 @@ def _vacuum_tensors(ds: Dataset, refs: Runs, cutoff: float, report: VacuumReport
     live = {w for w, _, _ in refs}
     for wdir in sorted(loc.fs.ls(root, detail=False)):
         writer = wdir.rstrip("/").rsplit("/", 1)[-1]
+        names = [d.rstrip("/").rsplit("/", 1)[-1] for d in loc.fs.ls(wdir, detail=False)]
+        commits = sorted(int(n) for n in names if n.isdigit())  # field keys start with a role name
         if writer not in live:
+            report.unreferenced_rows += _stored_rows(ds, writer, commits)
             if _newest_mtime(loc, wdir) < cutoff:
                 report.tensor_arrays.append(loc.child("tensors", writer))
                 if not report.dry_run:
                     loc.fs.rm(wdir, recursive=True)
             continue
-        names = [d.rstrip("/").rsplit("/", 1)[-1] for d in loc.fs.ls(wdir, detail=False)]
-        commits = sorted(int(n) for n in names if n.isdigit())  # field keys start with a role name
         for f in ds.schema.tensor_fields:
             _vacuum_single_array(ds, writer, f, refs, cutoff, report)
             for commit in commits:
@@ -433,6 +434,19 @@ def _vacuum_tensors(ds: Dataset, refs: Runs, cutoff: float, report: VacuumReport
                 cdir = loc.child("tensors", writer, str(commit))
                 if loc.is_local and loc.fs.exists(cdir) and not loc.fs.find(cdir):
                     loc.fs.rm(cdir, recursive=True)
+
+
+def _stored_rows(ds: Dataset, writer: str, commits: list[int]) -> int:
+    """Rows of every array of ``writer`` (an array that cannot be opened counts 0: nothing readable is in it)."""
+    total = 0
+    for f in ds.schema.tensor_fields:
+        for commit in [0, *commits]:
+            if ds.location.exists(*array_parts(writer, f, commit), "zarr.json"):
+                try:
+                    total += TensorArray.open(ds.location, writer, f, ds._ts_context, commit=commit).rows
+                except CorruptionError:
+                    continue
+    return total
 
 
 def _vacuum_single_array(

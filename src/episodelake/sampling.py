@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import os
 import queue
 import threading
 import weakref
@@ -41,6 +42,14 @@ from .snapshot import Snapshot
 
 STATE_FORMAT = 2
 _READER_LOCK = threading.Lock()
+
+
+def _reset_lock_after_fork() -> None:
+    global _READER_LOCK
+    _READER_LOCK = threading.Lock()  # a parent's prefetch thread may have held it at fork time
+
+
+os.register_at_fork(after_in_child=_reset_lock_after_fork)
 
 
 def reader_for(snap: Snapshot) -> WindowReader:

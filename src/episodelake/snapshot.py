@@ -270,9 +270,10 @@ class Snapshot:
         :class:`~episodelake.tensors.PlainArray` instead; handles opened
         before a fork are never used after it.
         """
+        if self._arrays_pid != os.getpid():  # forked: a parent thread may have held the lock at fork time
+            self._lock = threading.Lock()
+            self._arrays, self._arrays_pid = {}, os.getpid()
         with self._lock:
-            if self._arrays_pid != os.getpid():
-                self._arrays, self._arrays_pid = {}, os.getpid()
             missing = list(dict.fromkeys(a for a in arrays if (*a, f.key) not in self._arrays))
             if not engine_usable():
                 opened: list[TensorArray | PlainArray] = [PlainArray(self.loc, w, f, c) for w, c in missing]

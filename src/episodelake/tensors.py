@@ -442,10 +442,21 @@ class PlainArray:
 
 
 def read_many(requests: Sequence[tuple[TensorArray | PlainArray, int, int]]) -> list[np.ndarray]:
-    """Read several row ranges at once: all reads are issued before any is awaited."""
-    futures = []
+    """Read several row ranges at once: all reads are issued before any is awaited.
+
+    Every read is awaited even after one failed (its ``ValueError`` is raised
+    then), so no read is left in flight inside TensorStore.
+    """
     for arr, start, stop in requests:
         if stop > arr.rows:
             raise CorruptionError(f"{arr.where}: rows [{start}, {stop}) requested but the array has {arr.rows} rows")
-        futures.append(arr.read(start, stop))
-    return [f.result() for f in futures]
+    futures = [arr.read(start, stop) for arr, start, stop in requests]
+    out, failure = [], None
+    for future in futures:
+        try:
+            out.append(future.result())
+        except ValueError as exc:
+            failure = failure or exc
+    if failure is not None:
+        raise failure
+    return out
