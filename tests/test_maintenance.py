@@ -106,6 +106,10 @@ def test_vacuum_after_compaction_keeps_the_latest_version(tmp_path):
     assert len(el.Dataset.open(path, version=old)) == 6
     gone = ds.vacuum(retention_hours=0)
     assert len(gone.table_files) >= 6 and gone.tensor_arrays == [] and gone.truncated == []
+    assert not any(os.path.exists(f) for f in gone.table_files)
+    # deltalake keeps listing the tombstones of files already deleted: a second vacuum must report nothing
+    again = el.Dataset.open(path).vacuum(dry_run=True, retention_hours=0)
+    assert (again.table_files, again.tensor_arrays, again.truncated) == ([], [], [])
     ds = check(path)
     assert origins(ds) == [(0, i) for i in range(6)]
     np.testing.assert_array_equal(ds.episode(5).read().reward, episode(0, 5).reward)

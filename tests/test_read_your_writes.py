@@ -12,9 +12,11 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
 import episodelake as el
+from episodelake import exporters
 
 from .workers.common import assert_all_match, crash_schema, episode, write_stepwise
 
@@ -28,6 +30,12 @@ def segment_ids(ds: el.Dataset) -> set[int]:
         return {int(i) for batch in stream for i in batch.episode_id}
     finally:
         stream.close()
+
+
+def parquet_rows(ds: el.Dataset) -> int:
+    out = Path(ds.location.path).with_suffix(".parquet")
+    exporters.to_parquet(ds, out)
+    return pq.read_table(out).num_rows
 
 
 # Each read returns the number of distinct episodes it saw.
@@ -45,6 +53,12 @@ READS = {
     "segments": lambda ds: len({int(ds.segments(1)[i].episode_id) for i in range(len(ds.segments(1)))}),
     "segment_stream": lambda ds: len(segment_ids(ds)),
     "sample_transitions": lambda ds: 3 if len(ds.sample_transitions(8, seed=0).reward) == 8 else -1,
+    "sql_arrow": lambda ds: ds.sql_arrow("SELECT episode_id FROM episodes").num_rows,
+    "select_episodes": lambda ds: len(ds.select_episodes("SELECT episode_id FROM episodes")),
+    "episode_table": lambda ds: exporters.episode_table(ds).num_rows,
+    "to_parquet": lambda ds: parquet_rows(ds),
+    "validate": lambda ds: ds.validate().episodes,
+    "history": lambda ds: sum(h.get("operationMetrics", {}).get("num_added_rows", 0) for h in ds.history()),
 }
 
 

@@ -290,3 +290,48 @@ def test_unseeded_streams_adopt_the_saved_seed_and_broken_states_are_rejected(po
     ):
         with pytest.raises(el.ValidationError, match=match):
             b.load_state_dict(broken)
+
+
+# ---- "wrapping like DistributedSampler": an ordered pass against torch's own sampler
+
+
+@pytest.mark.parametrize("policy", ["wrap", "drop"])
+def test_ordered_shards_deal_segments_like_torch_distributed_sampler(pool, policy):
+    """shuffle=False: rank r gets exactly DistributedSampler(shuffle=False, drop_last=policy == "drop")'s indices.
+
+    The global order is the reference enumeration (episode order, then start); torch pads a short pass by
+    repeating its first indices (wrap) or cuts the last ``N % world`` (drop), like our two policies.
+    """
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import DistributedSampler
+
+    torch.set_num_threads(1)
+    ds, ids = pool
+    cases = [  # (kept episodes, L, pad, stride): many segments, stride/no padding, fewer segments than ranks
+        (range(len(ids)), 1, "suffix", 1),
+        (range(len(ids)), 3, None, 2),
+        ([2, 7], 5, None, 3),
+        ([1], 1, "suffix", 1),
+    ]
+    for kept, L, pad, stride in cases:
+        keep_ids = {ids[i] for i in kept}
+        every = [(ids[kept[e]], s) for e, s in segment_starts([POOL_LENGTHS[i] for i in kept], L, pad, stride)]
+        for world in range(1, 6):
+            for batch in (1, 3, 4):
+                for rank in range(world):
+                    stream = make(
+                        ds,
+                        keep_ids,
+                        sequence_length=L,
+                        pad=pad,
+                        stride=stride,
+                        shuffle=False,
+                        batch_size=batch,
+                        shard=(rank, world),
+                        shard_policy=policy,
+                    )
+                    got = [s for b in run(stream) for s in b]
+                    sampler = DistributedSampler(
+                        range(len(every)), num_replicas=world, rank=rank, shuffle=False, drop_last=policy == "drop"
+                    )
+                    assert got == [every[i] for i in sampler], (kept, L, world, batch, rank)

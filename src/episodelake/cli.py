@@ -40,7 +40,7 @@ def _json_options(text: str) -> dict[str, Any]:
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
-    run_demo(args.path, episodes=args.episodes, seed=args.seed)
+    run_demo(args.path, episodes=args.episodes, seed=args.seed, storage_options=args.options)
     return 0
 
 
@@ -316,6 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("demo", cmd_demo, "collect CartPole episodes, query them with SQL, sample a batch")
     p.add_argument("path", nargs="?", default="episodelake-demo", help="where to write the demo dataset")
+    options(p)
     p.add_argument("--episodes", type=int, default=50)
     p.add_argument("--seed", type=int, default=0)
 

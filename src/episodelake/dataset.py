@@ -15,6 +15,7 @@ read and sampling call works.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import platform
@@ -424,8 +425,8 @@ class Dataset(EpisodeCollection):
             schema = infer_schema(first)
         ds = cls.create(schema, path, **create_options)
         if first is not None:
-            ds.append_episodes([first])
-            ds.append_episodes(it)
+            # one call: a rejected episode withdraws the pending ones and is named by its index
+            ds.append_episodes(itertools.chain([first], it))
         ds.flush()
         return ds
 
@@ -515,6 +516,8 @@ class Dataset(EpisodeCollection):
         return self
 
     def history(self) -> list[dict[str, Any]]:
+        """The table's commits, newest first (this object's finished episodes are committed first)."""
+        self.snapshot()
         return self._table.history()
 
     def compact(self) -> None:
@@ -531,6 +534,7 @@ class Dataset(EpisodeCollection):
         """
         from .maintenance import validate
 
+        self.snapshot()  # read-your-writes: audit the version holding this object's finished episodes
         return validate(self, tensors=tensors)
 
     def vacuum(self, dry_run: bool = False, retention_hours: float | None = None) -> VacuumReport:

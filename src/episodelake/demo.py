@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -10,8 +12,11 @@ from .dataset import Dataset
 from .schema import FieldSpec, schema_from_gym_spaces
 
 
-def run_demo(path: str, episodes: int = 50, seed: int = 0) -> Dataset:
-    """Write ``episodes`` CartPole episodes to ``path`` (replacing it), then read them back."""
+def run_demo(path: str, episodes: int = 50, seed: int = 0, storage_options: Mapping[str, Any] | None = None) -> Dataset:
+    """Write ``episodes`` CartPole episodes to ``path`` (replacing it), then read them back.
+
+    ``path`` may be any root :meth:`Dataset.create` takes (``s3://...`` with ``storage_options``).
+    """
     try:
         import gymnasium as gym
     except ImportError as exc:  # the demo needs the gym extra
@@ -23,7 +28,7 @@ def run_demo(path: str, episodes: int = 50, seed: int = 0) -> Dataset:
         env.action_space,
         meta=[FieldSpec("policy", (), "str", role="meta"), FieldSpec("seed", (), "int64", role="meta")],
     )
-    ds = Dataset.create(schema, path, partition_by=["policy"], overwrite=True)
+    ds = Dataset.create(schema, path, storage_options=storage_options, partition_by=["policy"], overwrite=True)
     rng = np.random.default_rng(seed)
     start = time.perf_counter()
     for ep in range(episodes):

@@ -343,13 +343,15 @@ def vacuum(ds: Dataset, dry_run: bool = False, retention_hours: float = DEFAULT_
     loc = ds.location
     report = VacuumReport(loc.url, dry_run, float(retention_hours))
     cutoff = time.time() - retention_hours * 3600.0
+    # deltalake also lists tombstoned files an earlier vacuum already deleted: report only real ones.
+    on_disk = set(loc.fs.glob(loc.child("episodes", "**", "*.parquet")))
     doomed = ds._table.dt.vacuum(
         retention_hours=int(np.ceil(retention_hours)) if retention_hours else 0,
         dry_run=dry_run,
         enforce_retention_duration=False,
         full=True,
     )
-    report.table_files = sorted(loc.child("episodes", p) for p in doomed)
+    report.table_files = sorted(path for path in (loc.child("episodes", p) for p in doomed) if path in on_disk)
     refs = _referenced_rows(ds, set(report.table_files))
     _vacuum_tensors(ds, refs, cutoff, report)
     for path in loc.fs.glob(loc.child("*.tmp")):
