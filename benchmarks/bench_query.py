@@ -36,7 +36,8 @@ import pyarrow.compute as pc
 from deltalake import write_deltalake
 
 import episodelake as el
-from episodelake.table import STAT_PARTS, arrow_schema, stat_column
+from episodelake.stats import STAT_PARTS, stat_column
+from episodelake.table import arrow_schema
 
 TASKS = np.array(["pick", "place", "push", "stack"])
 PREDICATE = "task = 'pick' AND success"
@@ -96,8 +97,8 @@ def build(path: str, episodes: int, seed: int = 0) -> el.Dataset:
             cols[stat_column(f, "sumsq")] = _lists((mean**2 + 1) * count[:, None])
             cols[stat_column(f, "min")] = _lists(mean - 3)
             cols[stat_column(f, "max")] = _lists(mean + 3)
-        write_deltalake(ds._table.dt, pa.table(cols).select(target.names).cast(target), mode="append")
-        ds._table.refresh()
+        write_deltalake(ds._store.table.dt, pa.table(cols).select(target.names).cast(target), mode="append")
+        ds._store.table.refresh()
     ds.compact()
     return ds
 
@@ -147,7 +148,7 @@ def run(path: str) -> None:
     # ---- filtered query
     query = f"SELECT count(*), avg(return), avg(length) FROM episodes WHERE {PREDICATE}"
     ours = timed(lambda: ds.sql(query).fetchall())
-    files = ds._table.file_uris()
+    files = ds._store.table.file_uris()
     raw = duckdb.connect()
     listed = ", ".join("'" + f.replace("'", "''") + "'" for f in files)
     raw.execute(f"CREATE VIEW episodes AS SELECT * FROM read_parquet([{listed}], hive_partitioning = true)")

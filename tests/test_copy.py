@@ -64,18 +64,18 @@ def test_verification_detects_differences(robot_dataset, tmp_path):
     copy = robot_dataset.copy_to(str(tmp_path / "copy"), progress=False)
     rows = copy.snapshot().arrow_dataset().to_table()
     rows = rows.take(pc.sort_indices(rows, sort_keys=[("created_at", "ascending"), ("episode_id", "ascending")]))
-    verify_copy(rows.select(rows.column_names), copy)  # the copy matches itself
+    verify_copy(rows.select(rows.column_names), copy.snapshot())  # the copy matches itself
     other = rows.set_column(rows.column_names.index("return"), "return", pc.add(rows["return"], 1.0))
     with pytest.raises(el.CorruptionError, match="'return' differs"):
-        verify_copy(other, copy)
+        verify_copy(other, copy.snapshot())
     with pytest.raises(el.CorruptionError, match="ids"):
-        verify_copy(rows.slice(1), copy)
+        verify_copy(rows.slice(1), copy.snapshot())
     chunk = next((Path(copy.location.path) / "tensors").glob("*/observation/camera/c/0/0/0/0"))
     data = bytearray(chunk.read_bytes())
     data[7] ^= 0xFF  # one flipped byte in the first episode's first frame
     chunk.write_bytes(bytes(data))
     with pytest.raises(el.CorruptionError, match="fails its CRC-32"):
-        verify_copy(rows, el.Dataset.open(copy.location.url))
+        verify_copy(rows, el.Dataset.open(copy.location.url).snapshot())
 
 
 def test_copy_refuses_its_own_location_and_existing_datasets(robot_dataset, tmp_path):

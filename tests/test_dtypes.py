@@ -81,6 +81,6 @@ def test_uint8_is_widened_not_wrapped_in_table(tmp_path):
         path=str(tmp_path / "u"),
         schema=schema,
     )
-    files = ds._table.file_uris()
+    files = ds._store.table.file_uris()
     values = pq.read_table(files[0]).column("observation/x").to_pylist()
     assert values == [[200, 201]]

@@ -138,6 +138,16 @@ def test_to_minari_readable_by_minari(env_id, tmp_path, minari_root):
     assert seeds == [0, 1, 2]
 
 
+def test_to_minari_of_a_view(tmp_path, minari_root):
+    ds = record("CartPole-v1", 3)
+    view = ds.where("seed >= 1")
+    mds = exporters.to_minari(view, tmp_path / "view")
+    check_minari_matches(mds, view)
+    assert mds.env_spec.id == "CartPole-v1"  # the view's dataset info (env spec, spaces) is exported
+    assert mds.observation_space == gym.make("CartPole-v1").observation_space
+    assert [m["seed"] for m in mds.storage.get_episode_metadata(range(2))] == [1, 2]
+
+
 def test_to_minari_by_id_and_back(minari_root):
     import minari
 

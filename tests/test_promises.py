@@ -355,9 +355,10 @@ def test_vector_close_finish_open(tmp_path):
 def test_durable_writes_fsync_and_round_trip(tmp_path):
     path = str(tmp_path / "ds")
     ds = el.Dataset.create(robot_schema(), path, durable=True)
-    assert ds._ts_context.spec.to_json().get("file_io_sync") is True
+    assert ds._store.context.spec.to_json().get("file_io_sync") is True
     assert (
-        el.Dataset.create(robot_schema(), str(tmp_path / "plain"))._ts_context.spec.to_json()["file_io_sync"] is False
+        el.Dataset.create(robot_schema(), str(tmp_path / "plain"))._store.context.spec.to_json()["file_io_sync"]
+        is False
     )
     raw = random_episode(np.random.default_rng(0), 7)
     ds.append_episodes([raw.as_dict(unwrap_action=True)])

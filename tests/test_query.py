@@ -331,7 +331,7 @@ def count_opened(ds, query: str) -> list[str]:
     fs = OpenCounter(skip_instance_cache=True)
     fs.opened = []
     snap = ds.snapshot()
-    table = getattr(ds, "dataset", ds)._table
+    table = getattr(ds, "dataset", ds)._store.table
     root = table.loc.delta_uri()  # the table lists file paths relative to its root
     counted = table.dt.to_pyarrow_dataset(
         filesystem=pafs.SubTreeFileSystem(root, pafs.PyFileSystem(pafs.FSSpecHandler(fs)))

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import episodelake as el
-from episodelake.sampling import reader_for
+from episodelake.batching import reader_for
 from episodelake.transitions import build_transitions
 
 from .reference import expected_transition

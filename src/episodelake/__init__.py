@@ -4,30 +4,38 @@ Delta Lake episode table + Zarr v3 tensors (TensorStore) + DuckDB SQL + a
 transition-aligned sampler. ``import episodelake as el``.
 """
 
+from .batch import SegmentBatch as Batch
 from .dataset import Dataset, DatasetView, EpisodeRef
 from .errors import (
+    ArgumentError,
     CommitConflictError,
     CorruptionError,
+    DatasetExistsError,
     DatasetNotFoundError,
     EpisodeLakeError,
     EpisodeStateError,
+    ForkedProcessError,
     LocationError,
+    MissingDependencyError,
     QueryError,
     ReadOnlyError,
     SchemaError,
+    StreamStoppedError,
     ValidationError,
 )
 from .schema import DatasetSchema, FieldSpec, infer_schema, schema_from_gym_spaces
-from .segments import Batch, RoleView, Segment
+from .segments import RoleView, Segment
 from .writer import EpisodeWriter, VectorEpisodeWriter
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ArgumentError",
     "Batch",
     "CommitConflictError",
     "CorruptionError",
     "Dataset",
+    "DatasetExistsError",
     "DatasetNotFoundError",
     "DatasetSchema",
     "DatasetView",
@@ -36,12 +44,15 @@ __all__ = [
     "EpisodeStateError",
     "EpisodeWriter",
     "FieldSpec",
+    "ForkedProcessError",
     "LocationError",
+    "MissingDependencyError",
     "QueryError",
     "ReadOnlyError",
     "RoleView",
     "SchemaError",
     "Segment",
+    "StreamStoppedError",
     "ValidationError",
     "VectorEpisodeWriter",
     "infer_schema",

@@ -19,7 +19,8 @@ row number falls outside the episode (padding).
   overwritten, and a dropped one is recycled instead of re-faulting fresh
   pages every batch (a fresh ~26 MB array per batch costs ~3x).
 
-A :class:`WindowReader` is picklable (spawned workers get the loaded NumPy
+A snapshot's :class:`WindowReader` (:func:`reader_for`) is built once and kept
+in ``Snapshot.window_reader``. It is picklable (spawned workers get the loaded NumPy
 state and reopen files lazily) and works in forked workers: readers opened
 before a fork are dropped in the child, and since TensorStore aborts a process
 that uses it after ``fork()``, a forked worker reads compressed and
@@ -28,7 +29,6 @@ object-store arrays through :class:`~episodelake.tensors.PlainArray`.
 
 from __future__ import annotations
 
-import json
 import mmap
 import os
 import sys
@@ -37,11 +37,14 @@ from typing import Any
 
 import numpy as np
 
+from .episode import rows_for
 from .errors import CorruptionError
+from .layout import chunk_parts
+from .location import Location
 from .schema import FieldSpec
 from .segments import Segment, meta_fill
 from .snapshot import Snapshot
-from .tensors import COMMIT_SHIFT, ROW_MASK, PlainArray, TensorArray, array_parts
+from .tensors import COMMIT_SHIFT, ROW_MASK, PlainArray, TensorArray, array_parts, mappable_layout
 
 MAX_MAPPED_CHUNKS = 8192  # bound on cached chunk mappings per array (vm.max_map_count is ~65k)
 
@@ -106,36 +109,16 @@ class ChunkFiles:
         self.chunk_rows = chunk_rows
         self.field = field
         self.row_shape = field.shape
-        self._suffix = ("0",) * len(field.shape)
         self._maps: dict[int, tuple[mmap.mmap, np.ndarray]] = {}
 
     @classmethod
-    def probe(cls, directory: str, field: FieldSpec) -> ChunkFiles | None:
-        """A reader for the array at ``directory`` if its layout allows zero-copy reads, else None."""
-        try:
-            with open(os.path.join(directory, "zarr.json")) as fh:
-                meta = json.load(fh)
-            codecs = meta["codecs"]
-            grid = meta["chunk_grid"]
-            keys = meta["chunk_key_encoding"]
-            chunk = list(grid["configuration"]["chunk_shape"])
-            rows = int(meta["shape"][0])
-        except (OSError, ValueError, KeyError, TypeError, IndexError):
-            return None  # the TensorStore path reports unreadable metadata properly
-        dt = field.np_dtype
-        endian = (codecs[0].get("configuration") or {}).get("endian", "little") if codecs else None
-        plain = (
-            len(codecs) == 1
-            and codecs[0].get("name") == "bytes"
-            and (dt.itemsize == 1 or endian == sys.byteorder)
-            and grid.get("name") == "regular"
-            and chunk[1:] == list(field.shape)
-            and keys.get("name") == "default"
-            and (keys.get("configuration") or {}).get("separator", "/") == "/"
-            and meta.get("data_type") == dt.name
-            and meta.get("fill_value") in (0, False)
-        )
-        return cls(directory, rows, int(chunk[0]), field) if plain else None
+    def probe(cls, loc: Location, writer: str, field: FieldSpec) -> ChunkFiles | None:
+        """A reader for ``writer``'s single local array of ``field`` if it allows zero-copy reads, else None."""
+        found = mappable_layout(loc, writer, field)
+        if found is None:
+            return None
+        rows, chunk_rows = found
+        return cls(loc.child(*array_parts(writer, field)), rows, chunk_rows, field)
 
     def chunk(self, c: int, episode_id: int) -> tuple[mmap.mmap, np.ndarray]:
         """Chunk ``c``'s mapping and its rows as a read-only array over it."""
@@ -143,7 +126,7 @@ class ChunkFiles:
             return self._maps[c]
         except KeyError:
             pass
-        path = os.path.join(self.directory, "c", str(c), *self._suffix)
+        path = os.path.join(self.directory, *chunk_parts(c, len(self.row_shape)))
         want = self.chunk_rows * self.field.step_bytes
         try:
             with open(path, "rb") as fh:
@@ -231,7 +214,7 @@ class TensorField:
         for a in missing:
             writer, commit = self.arrays[a]
             local_single = snap.loc.is_local and commit == 0
-            opened[a] = ChunkFiles.probe(snap.loc.child(*array_parts(writer, f)), f) if local_single else None
+            opened[a] = ChunkFiles.probe(snap.loc, writer, f) if local_single else None
         rest = [a for a, src in opened.items() if src is None]
         try:
             for a, arr in zip(rest, snap.tensor_arrays(f, [self.arrays[a] for a in rest]), strict=True):
@@ -308,8 +291,8 @@ class WindowReader:
         self._init_process()
 
     def nrows(self, f: FieldSpec) -> np.ndarray:
-        """Rows per episode of ``f``: ``T + 1`` for observations, ``T`` otherwise."""
-        return self.lengths + 1 if f.role == "observation" else self.lengths
+        """Rows per episode of ``f`` (see :func:`~episodelake.episode.rows_for`)."""
+        return rows_for(f, self.lengths)
 
     def gather(self, f: FieldSpec, pos: np.ndarray, rows: np.ndarray) -> np.ndarray:
         """``out[b, w] = row rows[b, w] of episode pos[b]``; zeros for rows outside the episode."""
@@ -375,12 +358,9 @@ class WindowReader:
         """
         pos = np.asarray(pos, dtype=np.int64)
         first = np.asarray(first, dtype=np.int64)
-        obs_rows = first[:, None] + np.arange(length + 1)
-        step_rows = obs_rows[:, :length]
-        data = {
-            f.key: self.gather(f, pos, obs_rows if f.role == "observation" else step_rows)
-            for f in self.schema.step_fields
-        }
+        rows = first[:, None] + np.arange(length + 1)
+        step_rows = rows[:, :length]
+        data = {f.key: self.gather(f, pos, rows[:, : rows_for(f, length)]) for f in self.schema.step_fields}
         terminated, truncated, mask = self.flags(pos, step_rows)
         return Segment(
             self.schema,
@@ -401,3 +381,22 @@ class WindowReader:
         last = steps == T - 1
         mask = (steps >= 0) & (steps < T)
         return last & self.terminated[pos][:, None], last & self.truncated[pos][:, None], mask
+
+
+_READER_LOCK = threading.Lock()
+
+
+def _reset_lock_after_fork() -> None:
+    global _READER_LOCK
+    _READER_LOCK = threading.Lock()  # a parent's prefetch thread may have held it at fork time
+
+
+os.register_at_fork(after_in_child=_reset_lock_after_fork)
+
+
+def reader_for(snap: Snapshot) -> WindowReader:
+    """The snapshot's :class:`WindowReader`, built on first use and kept in ``snap.window_reader``."""
+    with _READER_LOCK:
+        if snap.window_reader is None:
+            snap.window_reader = WindowReader(snap)
+        return snap.window_reader

@@ -204,11 +204,12 @@ def _stored_in(f) -> str:
 
 def cmd_info(args: argparse.Namespace) -> int:
     """Schema, counts, versions and size of a dataset."""
+    from .tensors import tensors_size
+
     ds = _open_read_only(args)
-    adds = ds._table.dt.get_add_actions(flatten=True)
-    table_bytes = int(sum(adds.column("size_bytes").to_pylist()))
-    tensors = ds.location.child("tensors")
-    tensor_bytes = int(ds.location.fs.du(tensors)) if ds.location.fs.exists(tensors) else 0
+    adds = ds._store.table.add_actions()
+    table_bytes = sum(add["size_bytes"] for add in adds)
+    tensor_bytes = tensors_size(ds.location)
     info = {
         "url": ds.location.url,
         "version": ds.version,
@@ -216,7 +217,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         "episodes": len(ds),
         "steps": ds.num_steps,
         "partition_by": ds.descriptor.get("partition_by", []),
-        "table_files": adds.num_rows,
+        "table_files": len(adds),
         "table_bytes": table_bytes,
         "tensor_bytes": tensor_bytes,
         "created_at": ds.descriptor.get("created_at"),

@@ -37,85 +37,28 @@ import time
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
 
+from .episode import FinishedEpisode
 from .errors import EpisodeStateError, ReadOnlyError, ValidationError
 from .schema import DatasetSchema, FieldSpec, to_storage
-from .table import STAT_PARTS, arrow_schema, has_stats, stat_column
+from .stats import STAT_PARTS, episode_return, episode_stats, has_stats, merge_stats, stat_column
+from .store import Store
+from .table import arrow_schema
 from .tensors import TensorArray
 
-if TYPE_CHECKING:
-    from .dataset import Dataset
-    from .writer import EpisodeWriter
+
+class HeldEpisode(Protocol):
+    """An ended episode its writer holds until its required meta arrive (an ``EpisodeWriter``)."""
+
+    def discard(self) -> None:
+        """Drop the episode; it is never stored."""
 
 
-@dataclass
-class FinishedEpisode:
-    """A validated episode ready to commit: ``data[key]`` has T (or T+1 for obs) rows."""
-
-    data: dict[str, np.ndarray]
-    length: int
-    terminated: bool
-    truncated: bool
-    meta: dict[str, Any]
-    created_at: datetime = field(default_factory=lambda: datetime.now(UTC))
-
-    @property
-    def nbytes(self) -> int:
-        return sum(a.nbytes for a in self.data.values())
-
-
-_BLOCK = 256  # 8-bit values: float32 sums of <= 256 squares (<= 255**2 each) are exact
 _PIECE_BYTES = 1 << 18  # rows summarized per step: stays in the CPU cache
-
-
-def episode_stats(f: FieldSpec, values: np.ndarray) -> dict[str, Any]:
-    """Mergeable statistics (exact) of ``values`` (rows of ``f``), per channel when the field has one."""
-    axis = f.channel_axis
-    channels = 1 if axis is None else f.shape[axis]
-    if values.size == 0:
-        return {"count": 0, "sum": None, "sumsq": None, "min": None, "max": None}
-    moved = values if axis is None else np.moveaxis(values, axis + 1, 0)
-    if values.dtype.itemsize == 1:
-        # Images: float32 sums over blocks of 256 values are exact (every partial sum < 2**24).
-        work = np.ascontiguousarray(moved, dtype=np.float32).reshape(channels, -1)
-        full = work.shape[1] - work.shape[1] % _BLOCK
-        blocks = work[:, :full].reshape(channels, -1, _BLOCK)
-        rest = work[:, full:].astype(np.float64)
-        total = np.einsum("cbk->cb", blocks).sum(axis=1, dtype=np.float64) + rest.sum(axis=1)
-        squares = np.einsum("cbk,cbk->cb", blocks, blocks).sum(axis=1, dtype=np.float64)
-        squares += np.einsum("ck,ck->c", rest, rest)
-    else:
-        work = np.ascontiguousarray(moved, dtype=np.float64).reshape(channels, -1)
-        total = work.sum(axis=1)
-        squares = np.einsum("ck,ck->c", work, work)
-    return {
-        "count": int(work.shape[1]),
-        "sum": total,
-        "sumsq": squares,
-        "min": work.min(axis=1).astype(np.float64),
-        "max": work.max(axis=1).astype(np.float64),
-    }
-
-
-def merge_stats(a: dict[str, Any] | None, b: dict[str, Any]) -> dict[str, Any]:
-    """Combine the statistics of two disjoint row sets."""
-    if a is None or not a["count"]:
-        return b
-    if not b["count"]:
-        return a
-    return {
-        "count": a["count"] + b["count"],
-        "sum": a["sum"] + b["sum"],
-        "sumsq": a["sumsq"] + b["sumsq"],
-        "min": np.minimum(a["min"], b["min"]),
-        "max": np.maximum(a["max"], b["max"]),
-    }
 
 
 @np.errstate(invalid="ignore", over="ignore")  # inf/NaN data give inf/NaN stats, not warnings
@@ -128,7 +71,7 @@ def episode_summary(
     statistics, so each byte is read from memory once. Runs in a thread pool
     (NumPy and zlib release the GIL).
     """
-    out: dict[str, Any] = {"return": _episode_return(schema, e)}
+    out: dict[str, Any] = {"return": episode_return(schema, e.data)}
     for f in schema.step_fields:
         values = e.data[f.key]
         stats = None
@@ -212,13 +155,6 @@ def _plain(value: Any) -> Any:
     return value.tolist() if isinstance(value, np.ndarray) else value
 
 
-def _episode_return(schema: DatasetSchema, e: FinishedEpisode) -> float | None:
-    rewards = schema.role_fields("reward")
-    if len(rewards) != 1 or rewards[0].np_dtype.kind not in "biuf" or rewards[0].shape != ():
-        return None
-    return float(e.data[rewards[0].key].sum(dtype=np.float64))
-
-
 _POOL = ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1), thread_name_prefix="episodelake-stats")
 # Sinks holding uncommitted episodes, strongly referenced so that they commit at exit even when
 # the user dropped the Dataset (e.g. a local of a function that returned).
@@ -275,17 +211,17 @@ def _locked(method: Callable[..., Any]) -> Callable[..., Any]:
 def _commit_at_exit() -> None:
     """Commit every live sink of this process; name the episodes that still await required meta."""
     for sink in list(_LIVE):
-        if sink.pid != os.getpid() or sink.ds.location.ephemeral:
+        if sink.pid != os.getpid() or sink.store.location.ephemeral:
             continue  # a forked child's copy, or an in-memory dataset that vanishes now anyway
         for writer in sink.awaiting:
             print(
-                f"episodelake: not committed at exit: {writer!r} (required meta missing) in {sink.ds.location.url}",
+                f"episodelake: not committed at exit: {writer!r} (required meta missing) in {sink.store.location.url}",
                 file=sys.stderr,
             )
         try:
             sink.commit()
         except Exception as exc:  # one failing dataset must not keep the others from committing
-            print(f"episodelake: commit at exit failed for {sink.ds.location.url}: {exc!r}", file=sys.stderr)
+            print(f"episodelake: commit at exit failed for {sink.store.location.url}: {exc!r}", file=sys.stderr)
 
 
 # threading's exit hooks run before concurrent.futures shuts its pools down (atexit runs after).
@@ -303,19 +239,19 @@ class CommitSink:
 
     def __init__(
         self,
-        ds: Dataset,
+        store: Store,
         commit_episodes: int = 64,
         commit_bytes: int = 256 << 20,
         commit_seconds: float = 30.0,
     ) -> None:
-        if ds.read_only:
-            raise ReadOnlyError(f"dataset {ds.location.url} is open read-only")
-        self.ds = ds
-        self.schema = ds.schema
+        if store.read_only:
+            raise ReadOnlyError(f"dataset {store.location.url} is open read-only")
+        self.store = store
+        self.schema = store.schema
         self.commit_episodes = commit_episodes
         self.commit_bytes = commit_bytes
         self.commit_seconds = commit_seconds
-        taken = ds._writer_names()
+        taken = store.writer_names()
         number = secrets.randbelow(1 << 31)
         while f"{number:08x}" in taken:
             number = secrets.randbelow(1 << 31)
@@ -326,7 +262,7 @@ class CommitSink:
         self.pending_bytes = 0
         self.first_pending_at: float | None = None
         self.arrays: dict[str, TensorArray] = {}
-        self.awaiting: list[EpisodeWriter] = []  # finished, held by their writer until required meta arrive
+        self.awaiting: list[HeldEpisode] = []  # finished, held by their writer until required meta arrive
         self.pid = os.getpid()
         self.lock = threading.RLock()
 
@@ -343,14 +279,14 @@ class CommitSink:
             _LIVE.discard(self)
 
     @_locked
-    def hold(self, writer: EpisodeWriter) -> None:
+    def hold(self, writer: HeldEpisode) -> None:
         """Register a finished episode that waits for required meta (it blocks ``flush()``)."""
         self._check_process()
         self.awaiting.append(writer)
         self._update_live()
 
     @_locked
-    def release(self, writer: EpisodeWriter) -> None:
+    def release(self, writer: HeldEpisode) -> None:
         """Forget a held episode (its meta arrived, or it was discarded)."""
         self.awaiting = [w for w in self.awaiting if w is not writer]
         self._update_live()
@@ -373,7 +309,7 @@ class CommitSink:
 
     def _array(self, f: FieldSpec) -> TensorArray:
         if f.key not in self.arrays:
-            self.arrays[f.key] = TensorArray.create(self.ds.location, self.name, f, self.ds._ts_context)
+            self.arrays[f.key] = self.store.new_array(self.name, f)
         return self.arrays[f.key]
 
     @_locked
@@ -452,8 +388,8 @@ class CommitSink:
             w.result()
         ids = [(self.number << 32) | (self.seq + i) for i in range(len(episodes))]
         rows = build_rows(self.schema, episodes, summaries, self.name, ids, refs)
-        version = self.ds._table.append(rows)
+        version = self.store.table.append(rows)
         self.seq += len(episodes)
         self._forget_pending()
-        self.ds._on_commit()
+        self.store.committed()
         return version

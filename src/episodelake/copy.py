@@ -24,29 +24,29 @@ from __future__ import annotations
 import dataclasses
 import zlib
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from .errors import CorruptionError, LocationError, ValidationError
-from .location import resolve
+from .episode import rows_for
+from .errors import ArgumentError, CorruptionError, LocationError
+from .location import Location
 from .progress import bar
 from .schema import DatasetSchema, FieldSpec
 from .snapshot import Snapshot
+from .store import Store
 from .table import arrow_schema
 from .tensors import TensorArray
-
-if TYPE_CHECKING:
-    from .dataset import Dataset, EpisodeCollection
 
 KEEP: Any = object()  # "leave this setting as the source has it"
 
 
 def copy_to(
-    collection: EpisodeCollection,
-    dest: str | None,
-    storage_options: Mapping[str, Any] | None = None,
+    source: Store,
+    snap: Snapshot,
+    positions: np.ndarray,
+    target: Location,
     *,
     chunk_rows: int | Mapping[str, int] | None = KEEP,
     compression: str | Mapping[str, str | None] | None = KEEP,
@@ -54,32 +54,27 @@ def copy_to(
     progress: bool | None = None,
     verify: bool = True,
     batch_bytes: int = 256 << 20,
-) -> Dataset:
-    """Copy ``collection`` (a Dataset or view) to ``dest`` (None: in memory) and return the copy.
+) -> Store:
+    """Copy the episodes of ``snap`` (a version of ``source``) at ``positions`` to a new dataset at ``target``.
 
-    ``chunk_rows`` / ``compression`` apply to every tensor field, or per field
-    key when given as a mapping (``None`` chunk_rows: the default ~1 MiB
-    chunks; ``None`` compression: raw bytes). ``progress``: a bar per
-    episode (None: only on a terminal; see :mod:`progress`).
-    Raises :class:`CorruptionError` if verification finds a difference.
+    Returns the copy, opened afresh. ``chunk_rows`` / ``compression`` apply
+    to every tensor field, or per field key when given as a mapping (``None``
+    chunk_rows: the default ~1 MiB chunks; ``None`` compression: raw bytes).
+    ``progress``: a bar per episode (None: only on a terminal; see
+    :mod:`progress`). Raises :class:`LocationError` when ``target`` is the
+    source, :class:`CorruptionError` if verification finds a difference.
     """
-    from .dataset import Dataset, DatasetView
-
-    source = collection.dataset if isinstance(collection, DatasetView) else collection
-    snap = collection.snapshot()
-    target = resolve(dest, dict(storage_options or {}))
     if target.url == source.location.url:
         raise LocationError(f"cannot copy {source.location.url} onto itself")
     schema = _rechunked(snap.schema, chunk_rows, compression)
-    out = Dataset.create(
+    out = Store.create(
+        target,
         schema,
-        target.url,
-        storage_options=target.storage_options,
         partition_by=source.descriptor.get("partition_by", []),
         overwrite=overwrite,
-        info=source.info,
+        info=source.descriptor.get("info", {}),
     )
-    positions = np.asarray(collection.positions, dtype=np.int64)
+    positions = np.asarray(positions, dtype=np.int64)
     rows = _source_rows(snap, positions)
     arrays: dict[tuple[str, str], TensorArray] = {}
     with bar(len(positions), f"copy to {target.url}", progress, unit="episode") as shown:
@@ -88,12 +83,12 @@ def copy_to(
             for f in schema.tensor_fields:
                 refs = _copy_tensor_rows(snap, out, f, positions[lo:hi], batch["writer"].to_pylist(), arrays)
                 batch = batch.set_column(batch.schema.get_field_index(f"ref/{f.key}"), f"ref/{f.key}", refs)
-            out._table.append(batch)
-            out._on_commit()
+            out.table.append(batch)
+            out.committed()
             shown.update(hi - lo)
-    copy = Dataset.open(target.url, storage_options=target.storage_options)
+    copy = Store.open(target)
     if verify:
-        verify_copy(rows, copy)
+        verify_copy(rows, Snapshot(copy))
     return copy
 
 
@@ -111,7 +106,7 @@ def _rechunked(schema: DatasetSchema, chunk_rows: Any, compression: Any) -> Data
     for name, setting in (("chunk_rows", chunk_rows), ("compression", compression)):
         unknown = sorted(set(setting) - tensor_keys) if isinstance(setting, Mapping) else []
         if unknown:
-            raise ValidationError(f"{name}: {unknown} are not tensor fields (tensor fields: {sorted(tensor_keys)})")
+            raise ArgumentError(f"{name}: {unknown} are not tensor fields (tensor fields: {sorted(tensor_keys)})")
     fields = []
     for f in schema.fields:
         if f.in_tensor:
@@ -147,15 +142,14 @@ def _batches(snap: Snapshot, positions: np.ndarray, batch_bytes: int) -> Iterato
 
 def _copy_tensor_rows(
     snap: Snapshot,
-    out: Dataset,
+    out: Store,
     f: FieldSpec,
     positions: np.ndarray,
     writers: Sequence[str],
     arrays: dict[tuple[str, str], TensorArray],
 ) -> pa.Array:
     """Append the episodes' rows of ``f`` to the destination's arrays; return their new refs."""
-    extra = 1 if f.role == "observation" else 0
-    lengths = snap.lengths[positions] + extra
+    lengths = rows_for(f, snap.lengths[positions])
     values = snap.read_ranges(f, positions.tolist(), [0] * len(positions), lengths.tolist())
     refs = np.empty(len(positions), np.int64)
     futures = []
@@ -163,7 +157,7 @@ def _copy_tensor_rows(
         mine = [i for i, w in enumerate(writers) if w == writer]
         key = (writer, f.key)
         if key not in arrays:
-            arrays[key] = TensorArray.create(out.location, writer, f, out._ts_context)
+            arrays[key] = out.new_array(writer, f)
         lengths = np.array([len(values[i]) for i in mine], np.int64)
         start, future = arrays[key].append_block(np.concatenate([values[i] for i in mine]))
         refs[mine] = start + np.cumsum(lengths) - lengths
@@ -173,27 +167,25 @@ def _copy_tensor_rows(
     return pa.array(refs, pa.int64())
 
 
-def verify_copy(expected: pa.Table, copy: Dataset) -> None:
-    """Check ``copy`` holds exactly ``expected``'s episodes: ids, order, columns, tensor CRC-32s."""
-    snap = copy.snapshot()
+def verify_copy(expected: pa.Table, snap: Snapshot) -> None:
+    """Check the copy's snapshot ``snap`` holds exactly ``expected``'s episodes: ids, order, columns, tensor CRC-32s."""
     ids = expected["episode_id"].to_numpy()
     got_ids = snap.index["episode_id"]
     if len(got_ids) != len(ids) or (got_ids != ids).any():
-        raise CorruptionError(f"copy at {copy.location.url}: episode ids or their order differ from the source")
+        raise CorruptionError(f"copy at {snap.loc.url}: episode ids or their order differ from the source")
     positions = np.arange(len(ids))
     actual = _source_rows(snap, positions)
-    refs = {f"ref/{f.key}" for f in copy.schema.tensor_fields}
+    refs = {f"ref/{f.key}" for f in snap.schema.tensor_fields}
     for name in expected.column_names:
         if name not in refs and not actual[name].equals(expected[name]):
-            raise CorruptionError(f"copy at {copy.location.url}: column {name!r} differs from the source")
-    for f in copy.schema.tensor_fields:
-        extra = 1 if f.role == "observation" else 0
+            raise CorruptionError(f"copy at {snap.loc.url}: column {name!r} differs from the source")
+    for f in snap.schema.tensor_fields:
         crcs = snap.index[f"crc/{f.key}"]
         for lo, hi in _batches(snap, positions, 64 << 20):
             part = positions[lo:hi]
-            values = snap.read_ranges(f, part.tolist(), [0] * len(part), (snap.lengths[part] + extra).tolist())
+            values = snap.read_ranges(f, part.tolist(), [0] * len(part), rows_for(f, snap.lengths[part]).tolist())
             for p, rows in zip(part, values, strict=True):
                 if zlib.crc32(np.ascontiguousarray(rows).data) != int(crcs[p]):
                     raise CorruptionError(
-                        f"copy at {copy.location.url}: episode {int(ids[p])} field {f.key!r} fails its CRC-32"
+                        f"copy at {snap.loc.url}: episode {int(ids[p])} field {f.key!r} fails its CRC-32"
                     )

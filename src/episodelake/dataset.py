@@ -16,46 +16,37 @@ read and sampling call works.
 from __future__ import annotations
 
 import itertools
-import json
 import os
-import platform
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from datetime import UTC, datetime
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from functools import cached_property
-from importlib.metadata import PackageNotFoundError
-from importlib.metadata import version as pkg_version
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from deltalake.exceptions import DeltaError
 
+from .checks import episode_from_dict
 from .commit import CommitSink
-from .errors import CorruptionError, DatasetNotFoundError, ReadOnlyError, SchemaError, ValidationError
+from .copy import KEEP
+from .episode import rows_for
+from .errors import ArgumentError, ReadOnlyError
 from .location import Location, resolve
 from .schema import DatasetSchema, infer_schema
 from .segments import Segment
 from .snapshot import Snapshot
-from .table import EpisodeTable, arrow_schema
-from .tensors import make_context
-from .validation import episode_from_dict
+from .store import Store
 from .writer import EpisodeWriter, VectorEpisodeWriter, write_episodes
 
 if TYPE_CHECKING:
+    import duckdb
+    import pyarrow as pa
+    from numpy.typing import ArrayLike
+
+    from .batch import Transitions
     from .maintenance import VacuumReport, ValidationReport
+    from .samplers import Sampler
+    from .segment_dataset import SegmentDataset
+    from .stream import SegmentStream
 
-DESCRIPTOR = "episodelake.json"
 WRITER_OPTIONS = ("commit_episodes", "commit_bytes", "commit_seconds")
-FORMAT_VERSION = 1
-
-
-def _versions() -> dict[str, str]:
-    out = {"python": platform.python_version()}
-    for pkg in ("episodelake", "numpy", "pyarrow", "deltalake", "tensorstore", "duckdb", "gymnasium"):
-        try:
-            out[pkg] = pkg_version(pkg)
-        except PackageNotFoundError:
-            continue
-    return out
 
 
 class EpisodeRef:
@@ -95,10 +86,10 @@ class EpisodeRef:
         if not 0 <= start < stop <= length:
             raise IndexError(f"episode {self.episode_id}: range [{start}, {stop}) outside [0, {length})")
         snap = self._snap
-        data = {}
-        for f in snap.schema.step_fields:
-            extra = 1 if f.role == "observation" else 0
-            data[f.key] = snap.read_ranges(f, [self.position], [start], [stop + extra])[0]
+        data = {
+            f.key: snap.read_ranges(f, [self.position], [start], [rows_for(f, stop)])[0]
+            for f in snap.schema.step_fields
+        }
         flags = np.zeros(stop - start, dtype=bool)
         terminated, truncated = flags.copy(), flags.copy()
         if stop == length:
@@ -130,6 +121,15 @@ class EpisodeCollection:
 
     def snapshot(self) -> Snapshot:
         raise NotImplementedError
+
+    @property
+    def _origin(self) -> Dataset:
+        """The dataset these episodes belong to (a view's dataset, or the dataset itself)."""
+        raise NotImplementedError
+
+    def _view(self, snap: Snapshot, positions: np.ndarray) -> DatasetView:
+        """A view of ``snap``'s episodes at ``positions``, belonging to this collection's dataset."""
+        return DatasetView(self._origin, snap, positions)
 
     @property
     def positions(self) -> np.ndarray:
@@ -174,13 +174,17 @@ class EpisodeCollection:
         return self.snapshot().index["episode_id"][self.positions]
 
     # ---- query (query.py)
-    def sql(self, query: str, params: Any = None):
-        """Run SQL over the views ``episodes`` and ``steps`` of this collection."""
+    def sql(self, query: str, params: Any = None) -> duckdb.DuckDBPyRelation | None:
+        """Run SQL over the views ``episodes`` and ``steps`` of this collection.
+
+        Returns DuckDB's lazy relation (None for a statement without a result);
+        ``params`` fills ``?``/``$name`` placeholders.
+        """
         from .query import run_sql
 
         return run_sql(self, query, params)
 
-    def sql_arrow(self, query: str, params: Any = None):
+    def sql_arrow(self, query: str, params: Any = None) -> pa.Table:
         """:meth:`sql` fetched as a ``pyarrow.Table``."""
         from .query import sql_arrow
 
@@ -196,13 +200,13 @@ class EpisodeCollection:
         """Episodes matching a SQL predicate over the ``episodes`` view."""
         from .query import where
 
-        return where(self, predicate)
+        return self._view(*where(self, predicate))
 
     def select_episodes(self, query: str) -> DatasetView:
         """Episodes whose ``episode_id`` a SQL query returns."""
         from .query import select_episodes
 
-        return select_episodes(self, query)
+        return self._view(*select_episodes(self, query))
 
     def stats(self, fields: Iterable[str] | None = None) -> dict[str, Any]:
         """Mean/std/min/max per numeric field (and return/length), from one SQL aggregate."""
@@ -210,31 +214,148 @@ class EpisodeCollection:
 
         return stats(self, fields)
 
-    # ---- sampling (sampling.py)
-    def segments(self, sequence_length: int, **kwargs: Any):
-        """Map-style dataset of fixed-length segments (PyTorch DataLoader ready)."""
-        from .sampling import SegmentDataset
+    # ---- sampling (segment_dataset.py, stream.py, transitions.py)
+    def segments(
+        self,
+        sequence_length: int,
+        *,
+        pad: str | None = "suffix",
+        stride: int = 1,
+        where: str | None = None,
+        filter: Callable[[EpisodeRef], bool] | None = None,
+        shard: Sequence[int] | None = None,
+    ) -> SegmentDataset:
+        """Map-style dataset of fixed-length segments (PyTorch DataLoader ready).
 
-        return SegmentDataset(self, sequence_length, **kwargs)
+        ``pad``: ``"suffix"``, ``"prefix"`` or None (skip short episodes);
+        ``stride``: distance between segment starts; ``where`` (SQL predicate)
+        and ``filter`` (callable on each :class:`EpisodeRef`) narrow the
+        episodes; ``shard=(rank, world_size)``: this rank's disjoint part.
+        See :class:`segment_dataset.SegmentDataset`.
+        """
+        from .segment_dataset import SegmentDataset
 
-    def segment_stream(self, **kwargs: Any):
-        """The training stream of segment batches (see :class:`sampling.SegmentStream`)."""
-        from .sampling import SegmentStream
+        return SegmentDataset(self, sequence_length, pad=pad, stride=stride, where=where, filter=filter, shard=shard)
 
-        return SegmentStream(self, **kwargs)
+    def segment_stream(
+        self,
+        *,
+        sequence_length: int | None = None,
+        context_length: int | None = None,
+        target_length: int | None = None,
+        batch_size: int = 64,
+        seed: int | None = None,
+        shuffle: bool = True,
+        replacement: bool = True,
+        pad: str | None = "suffix",
+        stride: int = 1,
+        where: str | None = None,
+        filter: Callable[[EpisodeRef], bool] | None = None,
+        weights: str | ArrayLike | None = None,
+        sampler: Sampler | None = None,
+        shard: Sequence[int] | None = None,
+        prefetch: int = 2,
+        drop_last: bool = False,
+        shard_policy: str = "wrap",
+    ) -> SegmentStream:
+        """The training stream of segment batches (``el.Batch``); every argument: :class:`stream.SegmentStream`.
 
-    def sample_transitions(self, batch_size: int, **kwargs: Any):
-        """Single transitions (time axis removed), with n-step returns on request."""
-        from .sampling import sample_transitions
+        Give ``sequence_length``, or ``context_length`` and ``target_length``.
+        Defaults: infinite, uniform with replacement; ``replacement=False`` or
+        ``shuffle=False`` make finite passes.
+        """
+        from .stream import SegmentStream
 
-        return sample_transitions(self, batch_size, **kwargs)
+        return SegmentStream(
+            self,
+            sequence_length,
+            context_length=context_length,
+            target_length=target_length,
+            batch_size=batch_size,
+            seed=seed,
+            shuffle=shuffle,
+            replacement=replacement,
+            pad=pad,
+            stride=stride,
+            where=where,
+            filter=filter,
+            weights=weights,
+            sampler=sampler,
+            shard=shard,
+            prefetch=prefetch,
+            drop_last=drop_last,
+            shard_policy=shard_policy,
+        )
+
+    def sample_transitions(
+        self,
+        batch_size: int,
+        *,
+        n_step: int = 1,
+        gamma: float = 0.99,
+        history: int = 1,
+        horizon: int = 1,
+        seed: int | None = None,
+        rng: np.random.Generator | None = None,
+        where: str | None = None,
+        filter: Callable[[EpisodeRef], bool] | None = None,
+    ) -> Transitions:
+        """``batch_size`` single transitions (time axis removed), uniform with replacement.
+
+        ``n_step``/``gamma``: n-step returns; ``history``/``horizon``: stacked
+        observations before and after; ``rng`` (a ``np.random.Generator``)
+        gives a reproducible sequence of calls, ``seed`` one deterministic call.
+        See :func:`transitions.sample_transitions`.
+        """
+        from .transitions import sample_transitions
+
+        return sample_transitions(
+            self,
+            batch_size,
+            n_step=n_step,
+            gamma=gamma,
+            history=history,
+            horizon=horizon,
+            seed=seed,
+            rng=rng,
+            where=where,
+            filter=filter,
+        )
 
     # ---- copying (copy.py)
-    def copy_to(self, dest: str | None, storage_options: Mapping[str, Any] | None = None, **kwargs: Any) -> Dataset:
-        """Copy these episodes to ``dest`` (memory, disk or object storage), verified; see :func:`copy.copy_to`."""
+    def copy_to(
+        self,
+        dest: str | None,
+        storage_options: Mapping[str, Any] | None = None,
+        *,
+        chunk_rows: int | Mapping[str, int] | None = KEEP,
+        compression: str | Mapping[str, str | None] | None = KEEP,
+        overwrite: bool = False,
+        progress: bool | None = None,
+        verify: bool = True,
+        batch_bytes: int = 256 << 20,
+    ) -> Dataset:
+        """Copy these episodes to ``dest`` (None: memory; disk or object storage), verified.
+
+        ``chunk_rows``/``compression`` re-chunk or re-compress every tensor
+        field, or per field key as a mapping (omitted: as the source has it).
+        See :func:`copy.copy_to`.
+        """
         from .copy import copy_to
 
-        return copy_to(self, dest, storage_options, **kwargs)
+        copied = copy_to(
+            self._origin._store,
+            self.snapshot(),
+            self.positions,
+            resolve(dest, dict(storage_options or {})),
+            chunk_rows=chunk_rows,
+            compression=compression,
+            overwrite=overwrite,
+            progress=progress,
+            verify=verify,
+            batch_bytes=batch_bytes,
+        )
+        return Dataset(copied)
 
 
 class DatasetView(EpisodeCollection):
@@ -253,6 +374,10 @@ class DatasetView(EpisodeCollection):
         return self._snap
 
     @property
+    def _origin(self) -> Dataset:
+        return self.dataset
+
+    @property
     def version(self) -> int:
         return self._snap.version
 
@@ -266,26 +391,29 @@ class Dataset(EpisodeCollection):
     _positions = None
     verify = False  # check tensor CRC-32s on read (Dataset.open(..., verify=True))
 
-    def __init__(
-        self,
-        location: Location,
-        descriptor: Mapping[str, Any],
-        table: EpisodeTable,
-        read_only: bool = False,
-        durable: bool = False,
-        writer_options: Mapping[str, Any] | None = None,
-        pinned: bool = False,
-    ) -> None:
-        self.location = location
-        self.descriptor = dict(descriptor)
-        self._schema = DatasetSchema.from_json(descriptor["schema"])
-        self._table = table
-        self.read_only = read_only
-        self._ts_context = make_context(durable=durable)
+    def __init__(self, store: Store, writer_options: Mapping[str, Any] | None = None) -> None:
+        """A dataset over an opened :class:`~episodelake.store.Store` (use :meth:`create` or :meth:`open`)."""
+        self._store = store
         self._writer_options = dict(writer_options or {})
         self._sink: CommitSink | None = None
         self._snap: Snapshot | None = None
-        self._pinned = pinned
+        store.on_commit(self._on_commit)
+
+    @property
+    def location(self) -> Location:
+        return self._store.location
+
+    @property
+    def descriptor(self) -> dict[str, Any]:
+        return self._store.descriptor
+
+    @property
+    def read_only(self) -> bool:
+        return self._store.read_only
+
+    @property
+    def _origin(self) -> Dataset:
+        return self
 
     # ---- construction
     @classmethod
@@ -310,38 +438,16 @@ class Dataset(EpisodeCollection):
         loss, not only process crashes). The commit_* options bound how many
         finished episodes wait in memory before one table commit.
         """
-        if not isinstance(schema, DatasetSchema):
-            raise SchemaError(f"schema must be a DatasetSchema, got {type(schema).__name__}")
-        loc = resolve(path, dict(storage_options or {}))
-        parts = list(partition_by)
-        meta_names = {f.name for f in schema.meta_fields}
-        for p in parts:
-            if p not in meta_names:
-                raise SchemaError(f"partition_by {p!r} is not a meta field ({sorted(meta_names)})")
-            if schema[p].shape != ():
-                raise SchemaError(f"partition_by {p!r} must be a scalar meta field")
-        if loc.exists(DESCRIPTOR):
-            if not overwrite:
-                raise FileExistsError(f"a dataset already exists at {loc.url}; pass overwrite=True to replace it")
-            loc.fs.rm(loc.path, recursive=True)
-        descriptor = {
-            "format": "episodelake",
-            "format_version": FORMAT_VERSION,
-            "schema": schema.to_json(),
-            "partition_by": parts,
-            "tensor_layout": {"format": "zarr3", "sharded": not loc.is_local, "root": "tensors/<writer>/<key>"},
-            "created_at": datetime.now(UTC).isoformat(),
-            "info": dict(info or {}),
-            "versions": _versions(),
-        }
-        table = EpisodeTable.create(loc, arrow_schema(schema), parts)
-        # The descriptor is written last: its presence marks a complete dataset.
-        loc.write_text_atomic(json.dumps(descriptor, indent=2), DESCRIPTOR)
-        return cls(
-            loc,
-            descriptor,
-            table,
+        store = Store.create(
+            resolve(path, dict(storage_options or {})),
+            schema,
+            partition_by=partition_by,
+            overwrite=overwrite,
             durable=durable,
+            info=info,
+        )
+        return cls(
+            store,
             writer_options={
                 "commit_episodes": commit_episodes,
                 "commit_bytes": commit_bytes,
@@ -359,7 +465,10 @@ class Dataset(EpisodeCollection):
         read_only: bool = False,
         verify: bool = False,
         cache_bytes: int = 0,
-        **writer_options: Any,
+        commit_episodes: int = 64,
+        commit_bytes: int = 256 << 20,
+        commit_seconds: float = 30.0,
+        **unknown: Any,
     ) -> Dataset:
         """Open a dataset; ``version=N`` opens that table version (time travel, read-only).
 
@@ -368,36 +477,22 @@ class Dataset(EpisodeCollection):
         (:class:`CorruptionError` on mismatch); ``validate()`` audits everything.
         ``cache_bytes`` > 0 keeps up to that many bytes of decoded tensor chunks
         (and shard indexes) in memory, so repeated reads from object storage
-        issue no GET (see docs/object-storage.md).
+        issue no GET (see docs/object-storage.md). The commit_* options are
+        :meth:`create`'s, for the episodes this object writes. Any other
+        keyword raises :class:`ArgumentError`.
         """
-        unknown = sorted(set(writer_options) - set(WRITER_OPTIONS))
         if unknown:
-            raise ValidationError(f"unknown option(s) {unknown}; writer options are {list(WRITER_OPTIONS)}")
-        loc = resolve(path, dict(storage_options or {}))
-        if not loc.exists(DESCRIPTOR):
-            raise DatasetNotFoundError(f"no episodelake dataset at {loc.url} (missing {DESCRIPTOR})")
-        try:
-            descriptor = json.loads(loc.read_text(DESCRIPTOR))
-        except json.JSONDecodeError as exc:
-            raise DatasetNotFoundError(f"{loc.child_url(DESCRIPTOR)} is not valid JSON: {exc}") from exc
-        if descriptor.get("format") != "episodelake" or descriptor.get("format_version") != FORMAT_VERSION:
-            raise DatasetNotFoundError(
-                f"{loc.child_url(DESCRIPTOR)} is not an episodelake v{FORMAT_VERSION} descriptor"
-            )
-        if version is not None and (not isinstance(version, int) or version < 0):
-            raise ValidationError(f"version must be a non-negative int, got {version!r}")
-        try:
-            table = EpisodeTable.open(loc, version)
-        except DeltaError as exc:  # the log itself is damaged: name the entries that do not parse
-            from .maintenance import log_problems
-
-            bad = "; ".join(str(p) for p in log_problems(loc)) or "no unparseable entry found"
-            raise CorruptionError(f"episode table log at {loc.delta_uri()} cannot be read ({bad}): {exc}") from exc
-        pinned = version is not None
-        ds = cls(loc, descriptor, table, read_only=read_only or pinned, writer_options=writer_options, pinned=pinned)
+            raise ArgumentError(f"unknown option(s) {sorted(unknown)}; writer options are {list(WRITER_OPTIONS)}")
+        writer_options = {
+            "commit_episodes": commit_episodes,
+            "commit_bytes": commit_bytes,
+            "commit_seconds": commit_seconds,
+        }
+        store = Store.open(
+            resolve(path, dict(storage_options or {})), version, read_only=read_only, cache_bytes=cache_bytes
+        )
+        ds = cls(store, writer_options=writer_options)
         ds.verify = verify
-        if cache_bytes:
-            ds._ts_context = make_context(cache_bytes=cache_bytes)
         return ds
 
     @classmethod
@@ -406,7 +501,15 @@ class Dataset(EpisodeCollection):
         episodes: Iterable[Mapping[str, Any]],
         path: str | None = None,
         schema: DatasetSchema | None = None,
-        **create_options: Any,
+        *,
+        storage_options: Mapping[str, Any] | None = None,
+        partition_by: Iterable[str] = (),
+        overwrite: bool = False,
+        durable: bool = False,
+        info: Mapping[str, Any] | None = None,
+        commit_episodes: int = 64,
+        commit_bytes: int = 256 << 20,
+        commit_seconds: float = 30.0,
     ) -> Dataset:
         """Create a dataset from dict-form episodes and commit them.
 
@@ -415,15 +518,27 @@ class Dataset(EpisodeCollection):
         alone), ``actions`` ``[T, ...]``, ``rewards`` ``[T]``, optional
         ``extras``, ``terminated``/``truncated`` (bool, or bool[T] set only on
         the last step) and ``meta`` (dict). Roles may be nested dicts. The
-        schema is inferred from the first episode unless given.
+        schema is inferred from the first episode unless given. The keyword
+        options are :meth:`create`'s.
         """
         it = iter(episodes)
         first = next(it, None)
         if schema is None:
             if first is None:
-                raise ValidationError("cannot infer a schema from zero episodes; pass schema=")
+                raise ArgumentError("cannot infer a schema from zero episodes; pass schema=")
             schema = infer_schema(first)
-        ds = cls.create(schema, path, **create_options)
+        ds = cls.create(
+            schema,
+            path,
+            storage_options=storage_options,
+            partition_by=partition_by,
+            overwrite=overwrite,
+            durable=durable,
+            info=info,
+            commit_episodes=commit_episodes,
+            commit_bytes=commit_bytes,
+            commit_seconds=commit_seconds,
+        )
         if first is not None:
             # one call: a rejected episode withdraws the pending ones and is named by its index
             ds.append_episodes(itertools.chain([first], it))
@@ -431,15 +546,12 @@ class Dataset(EpisodeCollection):
         return ds
 
     # ---- writing
-    def _writer_names(self) -> set[str]:
-        return set(self.snapshot().index["writer"].tolist()) if len(self) else set()
-
     def _writer(self) -> CommitSink:
         if self.read_only:
             raise ReadOnlyError(f"dataset {self.location.url} is open read-only (or at a past version)")
         if self._sink is None or self._sink.pid != os.getpid():
             # A forked child writes under its own writer id; the parent's pending episodes stay the parent's.
-            self._sink = CommitSink(self, **self._writer_options)
+            self._sink = CommitSink(self._store, **self._writer_options)
         return self._sink
 
     def new_episode(self, initial_obs: Any, **meta: Any) -> EpisodeWriter:
@@ -487,44 +599,42 @@ class Dataset(EpisodeCollection):
         self.close()
 
     def _on_commit(self) -> None:
-        self._snap = None
+        self._snap = None  # a commit through the store moved the version: drop the old snapshot now
 
     # ---- versions
     @property
     def schema(self) -> DatasetSchema:
-        return self._schema
+        return self._store.schema
 
     @property
     def version(self) -> int:
-        return self._table.version
+        return self._store.version
 
     def snapshot(self) -> Snapshot:
         """The snapshot every read uses: commits this object's handed-over episodes first (read-your-writes)."""
         sink = self._sink
         if sink is not None and sink.pending and sink.pid == os.getpid():
             sink.commit()
-        if self._snap is None or self._snap.version != self._table.version:
-            self._snap = Snapshot(self.location, self._schema, self._table, self._ts_context)
+        if self._snap is None or self._snap.version != self._store.version:
+            self._snap = Snapshot(self._store)
             self._snap.verify = self.verify
         return self._snap
 
     def refresh(self) -> Dataset:
         """Move to the latest committed version (no-op at a pinned past version)."""
-        if self._pinned:
-            return self
-        self._table.refresh()
+        self._store.refresh()
         return self
 
     def history(self) -> list[dict[str, Any]]:
         """The table's commits, newest first (this object's finished episodes are committed first)."""
         self.snapshot()
-        return self._table.history()
+        return self._store.table.history()
 
     def compact(self) -> None:
         """Merge small table files and checkpoint the log."""
         if self.read_only:
             raise ReadOnlyError(f"dataset {self.location.url} is open read-only")
-        self._table.compact()
+        self._store.table.compact()
 
     def validate(self, tensors: bool = True) -> ValidationReport:
         """Audit this version: table files, log, every episode's lengths, flags, stats and tensor checksums.
@@ -535,7 +645,7 @@ class Dataset(EpisodeCollection):
         from .maintenance import validate
 
         self.snapshot()  # read-your-writes: audit the version holding this object's finished episodes
-        return validate(self, tensors=tensors)
+        return validate(self._store, tensors=tensors)
 
     def vacuum(self, dry_run: bool = False, retention_hours: float | None = None) -> VacuumReport:
         """Delete unreferenced table files and crash leftovers in the tensors (see :mod:`maintenance`).
@@ -546,7 +656,7 @@ class Dataset(EpisodeCollection):
         from .maintenance import DEFAULT_RETENTION_HOURS, vacuum
 
         hours = DEFAULT_RETENTION_HOURS if retention_hours is None else retention_hours
-        return vacuum(self, dry_run=dry_run, retention_hours=hours)
+        return vacuum(self._store, dry_run=dry_run, retention_hours=hours)
 
     @cached_property
     def info(self) -> dict[str, Any]:

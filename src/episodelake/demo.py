@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from .dataset import Dataset
+from .errors import MissingDependencyError
 from .schema import FieldSpec, schema_from_gym_spaces
 
 
@@ -20,7 +21,7 @@ def run_demo(path: str, episodes: int = 50, seed: int = 0, storage_options: Mapp
     try:
         import gymnasium as gym
     except ImportError as exc:  # the demo needs the gym extra
-        raise SystemExit('the demo needs Gymnasium: pip install "episodelake[gym]"') from exc
+        raise MissingDependencyError('the demo needs Gymnasium: pip install "episodelake[gym]"') from exc
 
     env = gym.make("CartPole-v1")
     schema = schema_from_gym_spaces(
@@ -52,7 +53,9 @@ def run_demo(path: str, episodes: int = 50, seed: int = 0, storage_options: Mapp
         "SELECT policy, count(*) AS episodes, avg(length) AS mean_length FROM episodes GROUP BY policy ORDER BY policy"
     )
     print(f"\nSQL> {query}")
-    for row in ds.sql(query).fetchall():
+    relation = ds.sql(query)
+    assert relation is not None  # a SELECT always has a result
+    for row in relation.fetchall():
         print(f"  {row[0]:>6}: {row[1]} episodes, mean length {row[2]:.1f}")
 
     good = ds.where("policy = 'lean' AND length >= 20")

@@ -1,4 +1,9 @@
-"""Exception types. Every error a user can trigger derives from EpisodeLakeError."""
+"""Exception types. Every error a user can trigger derives from EpisodeLakeError.
+
+Each class also derives from the builtin exception it refines (``ValueError``,
+``FileExistsError``, ...), so handlers written for the builtin keep working.
+docs/errors.md lists when each one is raised.
+"""
 
 
 class EpisodeLakeError(Exception):
@@ -10,7 +15,15 @@ class SchemaError(EpisodeLakeError, ValueError):
 
 
 class ValidationError(EpisodeLakeError, ValueError):
-    """Data offered for writing does not match the schema; nothing was written."""
+    """Data offered for writing failed a check (shape, dtype, range, flags, meta); nothing was written.
+
+    :class:`ArgumentError`, the error of a wrong call argument, is a subclass,
+    so ``except ValidationError`` catches both.
+    """
+
+
+class ArgumentError(ValidationError):
+    """A call's argument is wrong (a non-positive length, an unknown option, a malformed state); not data."""
 
 
 class EpisodeStateError(EpisodeLakeError, RuntimeError):
@@ -23,6 +36,10 @@ class LocationError(EpisodeLakeError, ValueError):
 
 class DatasetNotFoundError(EpisodeLakeError, FileNotFoundError):
     """No episodelake dataset exists at the given location."""
+
+
+class DatasetExistsError(EpisodeLakeError, FileExistsError):
+    """A dataset (or export) already exists where a new one was to be created; pass ``overwrite=True``."""
 
 
 class ReadOnlyError(EpisodeLakeError, PermissionError):
@@ -39,3 +56,15 @@ class CommitConflictError(EpisodeLakeError, RuntimeError):
 
 class QueryError(EpisodeLakeError, ValueError):
     """A SQL query, predicate or statistics request is invalid for this dataset."""
+
+
+class ForkedProcessError(EpisodeLakeError, RuntimeError):
+    """TensorStore work was asked of a process forked from one that used TensorStore; use a spawned process."""
+
+
+class StreamStoppedError(EpisodeLakeError, RuntimeError):
+    """A segment stream's prefetch thread was stopped (interpreter exit) before the next batch arrived."""
+
+
+class MissingDependencyError(EpisodeLakeError, ImportError):
+    """An optional dependency a call needs is not installed; the message names the extra to install."""

@@ -31,7 +31,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .errors import SchemaError
+from .errors import ArgumentError, DatasetExistsError, SchemaError
 from .progress import track
 from .schema import DatasetSchema
 
@@ -160,13 +160,13 @@ def to_minari(
 
     if path is None:
         if dataset_id is None:
-            raise ValueError("to_minari needs a path or a dataset_id")
+            raise ArgumentError("to_minari needs a path or a dataset_id")
         root = Path(get_dataset_path(dataset_id))
     else:
         root = Path(os.fspath(path)).absolute()  # Minari's size accounting breaks on relative paths
         dataset_id = dataset_id or f"{root.name}-v0"
     if root.exists():
-        raise FileExistsError(f"{root} already exists")
+        raise DatasetExistsError(f"{root} already exists")
     schema = collection.schema
     info = _info(collection)
     spaces = {}
@@ -208,5 +208,5 @@ def to_minari(
 
 
 def _info(collection: EpisodeCollection) -> dict[str, Any]:
-    dataset = getattr(collection, "dataset", collection)  # a view's dataset, or the dataset itself
-    return dict(dataset.info)
+    """The descriptor ``info`` of the dataset ``collection`` belongs to (a view's dataset, or the dataset itself)."""
+    return dict(collection._origin.info)

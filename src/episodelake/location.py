@@ -31,6 +31,7 @@ from typing import Any
 import fsspec
 import pyarrow.fs as pafs
 
+from . import layout
 from .errors import LocationError
 
 SUPPORTED = ("local paths", "file://", "memory://", "s3://", "gs://")
@@ -72,7 +73,7 @@ class Location:
         return f"{self.protocol}://" + self.child(*parts)
 
     def delta_uri(self) -> str:
-        return self.child_url("episodes")
+        return self.child_url(*layout.table_parts())
 
     def delta_options(self) -> dict[str, str] | None:
         if self.is_local:
@@ -118,7 +119,7 @@ class Location:
         target = self.child(*parts)
         if self.is_local:
             Path(target).parent.mkdir(parents=True, exist_ok=True)
-            tmp = f"{target}.{uuid.uuid4().hex}.tmp"
+            tmp = layout.temp_name(target)
             with open(tmp, "w") as fh:
                 fh.write(text)
                 fh.flush()

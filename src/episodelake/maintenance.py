@@ -39,31 +39,39 @@ while another process writes can delete its in-flight data.
 
 from __future__ import annotations
 
-import json
 import time
 import zlib
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .commit import episode_stats
-from .errors import CorruptionError, ReadOnlyError, ValidationError
+from . import layout
+from .episode import rows_for
+from .errors import ArgumentError, CorruptionError, ReadOnlyError
+from .location import Location
 from .schema import DatasetSchema, FieldSpec, from_storage
 from .snapshot import flatten_lists
-from .table import STAT_PARTS, arrow_schema, has_stats, stat_column
-from .tensors import COMMIT_SHIFT, ROW_MASK, TensorArray, array_parts, read_many, split_ref
-
-if TYPE_CHECKING:
-    from .dataset import Dataset
-    from .location import Location
+from .stats import STAT_PARTS, episode_stats, has_stats, stat_column
+from .store import Store
+from .table import arrow_schema, log_entries, log_problems
+from .tensors import (
+    COMMIT_SHIFT,
+    ROW_MASK,
+    TensorArray,
+    array_exists,
+    array_parts,
+    read_many,
+    split_ref,
+    tensor_writers,
+    writer_commits,
+)
 
 DEFAULT_RETENTION_HOURS = 168.0  # Delta's default deletedFileRetentionDuration (7 days)
-_LOG_DIR = ("episodes", "_delta_log")
 
 
 @dataclass
@@ -130,56 +138,32 @@ class VacuumReport:
 # ---------------------------------------------------------------- validate
 
 
-def validate(ds: Dataset, tensors: bool = True) -> ValidationReport:
-    """Audit ``ds`` at its pinned version; never raises for data problems, reports them.
+def validate(store: Store, tensors: bool = True) -> ValidationReport:
+    """Audit ``store`` at its pinned version; never raises for data problems, reports them.
 
     ``tensors=False`` skips reading tensor rows (references are still checked
     against array shapes). Writes nothing.
     """
-    loc = ds.location
-    report = ValidationReport(loc.url, ds.version)
-    report.log_entries = len(loc.fs.glob(loc.child(*_LOG_DIR, "*.json")))
-    report.problems += log_problems(loc)
-    adds = pa.table(ds._table.dt.get_add_actions(flatten=True)).to_pylist()
+    loc = store.location
+    report = ValidationReport(loc.url, store.version)
+    report.log_entries = len(log_entries(loc))
+    report.problems += [Problem("log", what, file=path) for path, what in log_problems(loc)]
     seen: dict[int, str] = {}
     arrays: dict[tuple[str, int, str], TensorArray | None] = {}
-    for add in adds:
+    for add in store.table.add_actions():
         report.table_files += 1
-        rel = add["path"]
-        tbl = _read_table_file(loc, ds.schema, rel, add, report)
+        path = store.table.file_path(add["path"])
+        tbl = _read_table_file(store, path, add, report)
         if tbl is None:
             continue
         for row in range(tbl.num_rows):
-            _check_episode(ds, tbl, row, loc.child("episodes", rel), seen, arrays, report, tensors)
+            _check_episode(store, tbl, row, path, seen, arrays, report, tensors)
     return report
 
 
-def log_problems(loc: Location) -> list[Problem]:
-    """Commit entries of the Delta log that are not one JSON action per line, and unreadable checkpoints."""
-    log = loc.child(*_LOG_DIR)
-    out: list[Problem] = []
-    for path in sorted(loc.fs.glob(f"{log}/*.json")):
-        try:
-            with loc.fs.open(path, "rb") as fh:
-                for line in fh.read().decode().splitlines():
-                    if line.strip():
-                        json.loads(line)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            out.append(Problem("log", f"commit entry is not valid JSON: {exc}", file=path))
-    for path in sorted(loc.fs.glob(f"{log}/*.checkpoint*.parquet")):
-        try:
-            with loc.fs.open(path, "rb") as fh:
-                pq.read_metadata(fh)
-        except (OSError, pa.ArrowException) as exc:
-            out.append(Problem("log", f"checkpoint unreadable: {exc}", file=path))
-    return out
-
-
-def _read_table_file(
-    loc: Location, schema: DatasetSchema, rel: str, add: dict[str, Any], report: ValidationReport
-) -> pa.Table | None:
+def _read_table_file(store: Store, path: str, add: dict[str, Any], report: ValidationReport) -> pa.Table | None:
     """Read one data file of the version and check it against its log entry."""
-    path = loc.child("episodes", rel)
+    loc, rel = store.location, add["path"]
     if not loc.fs.exists(path):
         report.problems.append(Problem("table-file", "referenced by the log but missing", file=path))
         return None
@@ -193,7 +177,7 @@ def _read_table_file(
         report.problems.append(Problem("table-file", f"unreadable Parquet: {exc}", file=path))
         return None
     partitions = {k[10:] for k in add if k.startswith("partition.")}
-    wanted = [f for f in arrow_schema(schema) if f.name not in partitions]
+    wanted = [f for f in arrow_schema(store.schema) if f.name not in partitions]
     off = [f.name for f in wanted if f.name not in tbl.column_names or tbl.schema.field(f.name).type != f.type]
     if off:
         report.problems.append(Problem("table-file", f"columns missing or of the wrong type: {off}", file=path))
@@ -217,7 +201,7 @@ def _read_table_file(
 
 
 def _check_episode(
-    ds: Dataset,
+    store: Store,
     tbl: pa.Table,
     row: int,
     path: str,
@@ -226,7 +210,7 @@ def _check_episode(
     report: ValidationReport,
     tensors: bool,
 ) -> None:
-    schema = ds.schema
+    schema = store.schema
     rec = {name: tbl[name][row] for name in tbl.column_names}
     eid = rec["episode_id"].as_py()
     length = rec["length"].as_py()
@@ -246,9 +230,9 @@ def _check_episode(
         problem("flags", "terminated and truncated are both set")
     values: dict[str, np.ndarray] = {}
     for f in schema.step_fields:
-        rows = length + (1 if f.role == "observation" else 0)
+        rows = rows_for(f, length)
         if f.in_tensor:
-            got = _tensor_rows(ds, f, rec, rows, arrays, problem, tensors)
+            got = _tensor_rows(store, f, rec, rows, arrays, problem, tensors)
             if got is not None:
                 report.tensor_rows += rows
                 if zlib.crc32(np.ascontiguousarray(got).data) != rec[f"crc/{f.key}"].as_py():
@@ -261,7 +245,7 @@ def _check_episode(
             values[f.key] = got
             if has_stats(f):
                 _check_stats(f, got, rec, problem)
-    _check_return(ds, values, rec, problem)
+    _check_return(store.schema, values, rec, problem)
 
 
 def _table_rows(f: FieldSpec, scalar: pa.Scalar, rows: int, problem) -> np.ndarray | None:
@@ -278,16 +262,16 @@ def _table_rows(f: FieldSpec, scalar: pa.Scalar, rows: int, problem) -> np.ndarr
     return from_storage(flatten_lists(arr, 0).reshape(dims), f.np_dtype)
 
 
-def _tensor_rows(ds: Dataset, f: FieldSpec, rec, rows: int, arrays, problem, read: bool) -> np.ndarray | None:
+def _tensor_rows(store: Store, f: FieldSpec, rec, rows: int, arrays, problem, read: bool) -> np.ndarray | None:
     writer = rec["writer"].as_py()
     commit, start = split_ref(rec[f"ref/{f.key}"].as_py())
     key = (writer, commit, f.key)
     if key not in arrays:
         try:
-            arrays[key] = TensorArray.open(ds.location, writer, f, ds._ts_context, commit=commit)
+            arrays[key] = store.open_array(writer, f, commit)
         except CorruptionError as exc:
             arrays[key] = None
-            problem("tensor", str(exc), ds.location.child_url(*array_parts(writer, f, commit)))
+            problem("tensor", str(exc), store.location.child_url(*array_parts(writer, f, commit)))
     arr = arrays[key]
     if arr is None:
         return None
@@ -317,8 +301,8 @@ def _check_stats(f: FieldSpec, values: np.ndarray, rec, problem) -> None:
             problem("stats", f"field {f.key!r}: stored {part} differs from the values")
 
 
-def _check_return(ds: Dataset, values: dict[str, np.ndarray], rec, problem) -> None:
-    rewards = ds.schema.role_fields("reward")
+def _check_return(schema: DatasetSchema, values: dict[str, np.ndarray], rec, problem) -> None:
+    rewards = schema.role_fields("reward")
     stored = rec["return"].as_py()
     if len(rewards) == 1 and rewards[0].key in values and stored is not None:
         actual = float(values[rewards[0].key].sum(dtype=np.float64))
@@ -329,52 +313,42 @@ def _check_return(ds: Dataset, values: dict[str, np.ndarray], rec, problem) -> N
 # ---------------------------------------------------------------- vacuum
 
 
-def vacuum(ds: Dataset, dry_run: bool = False, retention_hours: float = DEFAULT_RETENTION_HOURS) -> VacuumReport:
+def vacuum(store: Store, dry_run: bool = False, retention_hours: float = DEFAULT_RETENTION_HOURS) -> VacuumReport:
     """Remove unreferenced table files and tensor data older than ``retention_hours``.
 
     Raises :class:`ReadOnlyError` on a read-only dataset unless ``dry_run``,
     and :class:`CorruptionError` (removing nothing from the tensors) when a
     table file cannot be read, since its references would be unknown.
     """
-    if ds.read_only and not dry_run:
-        raise ReadOnlyError(f"dataset {ds.location.url} is open read-only; vacuum needs a writable dataset")
+    loc = store.location
+    if store.read_only and not dry_run:
+        raise ReadOnlyError(f"dataset {loc.url} is open read-only; vacuum needs a writable dataset")
     if retention_hours < 0:
-        raise ValidationError(f"retention_hours must be >= 0, got {retention_hours}")
-    loc = ds.location
+        raise ArgumentError(f"retention_hours must be >= 0, got {retention_hours}")
     report = VacuumReport(loc.url, dry_run, float(retention_hours))
     cutoff = time.time() - retention_hours * 3600.0
-    # deltalake also lists tombstoned files an earlier vacuum already deleted: report only real ones.
-    on_disk = set(loc.fs.glob(loc.child("episodes", "**", "*.parquet")))
-    doomed = ds._table.dt.vacuum(
-        retention_hours=int(np.ceil(retention_hours)) if retention_hours else 0,
-        dry_run=dry_run,
-        enforce_retention_duration=False,
-        full=True,
-    )
-    report.table_files = sorted(path for path in (loc.child("episodes", p) for p in doomed) if path in on_disk)
-    refs = _referenced_rows(ds, set(report.table_files))
-    _vacuum_tensors(ds, refs, cutoff, report)
-    for path in loc.fs.glob(loc.child("*.tmp")):
+    report.table_files = store.table.vacuum(retention_hours, dry_run)
+    refs = _referenced_rows(store, set(report.table_files))
+    _vacuum_tensors(store, refs, cutoff, report)
+    for path in loc.fs.glob(loc.child(layout.temp_pattern())):
         if _newest_mtime(loc, path) < cutoff:
             report.temp_files.append(path)
             if not dry_run:
                 loc.fs.rm(path)
-    if not dry_run:
-        ds._table.refresh()
     return report
 
 
 Runs = dict[tuple[str, int, str], tuple[np.ndarray, np.ndarray]]
 
 
-def _referenced_rows(ds: Dataset, doomed: set[str]) -> Runs:
+def _referenced_rows(store: Store, doomed: set[str]) -> Runs:
     """(writer, commit, field key) -> (first rows, stops) of every episode in a surviving table file."""
-    loc = ds.location
-    fields = ds.schema.tensor_fields
+    loc = store.location
+    fields = store.schema.tensor_fields
     columns = ["writer", "length", *(f"ref/{f.key}" for f in fields)]
     parts: dict[tuple[str, int, str], list[tuple[np.ndarray, np.ndarray]]] = {}
-    for path in loc.fs.glob(loc.child("episodes", "**", "*.parquet")):
-        if f"/{_LOG_DIR[1]}/" in path or path in doomed:
+    for path in store.table.stored_files():
+        if path in doomed:
             continue
         try:
             with loc.fs.open(path, "rb") as fh:
@@ -386,7 +360,7 @@ def _referenced_rows(ds: Dataset, doomed: set[str]) -> Runs:
         for f in fields:
             refs = tbl[f"ref/{f.key}"].to_numpy()
             starts = refs & ROW_MASK
-            stops = starts + lengths + (1 if f.role == "observation" else 0)
+            stops = starts + rows_for(f, lengths)
             commits = refs >> COMMIT_SHIFT
             for w in np.unique(writers):
                 for c in np.unique(commits[writers == w]).tolist():
@@ -410,88 +384,82 @@ def _unreferenced(starts: np.ndarray, stops: np.ndarray, rows: int, align: int) 
     return inside, max(0, rows - -(-end // align) * align)
 
 
-def _vacuum_tensors(ds: Dataset, refs: Runs, cutoff: float, report: VacuumReport) -> None:
-    loc = ds.location
-    root = loc.child("tensors")
-    if not loc.fs.exists(root):
-        return
+def _vacuum_tensors(store: Store, refs: Runs, cutoff: float, report: VacuumReport) -> None:
+    loc = store.location
     live = {w for w, _, _ in refs}
-    for wdir in sorted(loc.fs.ls(root, detail=False)):
-        writer = wdir.rstrip("/").rsplit("/", 1)[-1]
-        names = [d.rstrip("/").rsplit("/", 1)[-1] for d in loc.fs.ls(wdir, detail=False)]
-        commits = sorted(int(n) for n in names if n.isdigit())  # field keys start with a role name
+    for writer in tensor_writers(loc):
+        wdir = loc.child(*layout.writer_parts(writer))
+        commits = writer_commits(loc, writer)
         if writer not in live:
-            report.unreferenced_rows += _stored_rows(ds, writer, commits)
+            report.unreferenced_rows += _stored_rows(store, writer, commits)
             if _newest_mtime(loc, wdir) < cutoff:
-                report.tensor_arrays.append(loc.child("tensors", writer))
+                report.tensor_arrays.append(wdir)
                 if not report.dry_run:
                     loc.fs.rm(wdir, recursive=True)
             continue
-        for f in ds.schema.tensor_fields:
-            _vacuum_single_array(ds, writer, f, refs, cutoff, report)
+        for f in store.schema.tensor_fields:
+            _vacuum_single_array(store, writer, f, refs, cutoff, report)
             for commit in commits:
-                _vacuum_commit_array(ds, writer, commit, f, refs, cutoff, report)
+                _vacuum_commit_array(store, writer, commit, f, refs, cutoff, report)
         if not report.dry_run:
             for commit in commits:  # a commit directory whose arrays all went
-                cdir = loc.child("tensors", writer, str(commit))
+                cdir = loc.child(*layout.writer_parts(writer, commit))
                 if loc.is_local and loc.fs.exists(cdir) and not loc.fs.find(cdir):
                     loc.fs.rm(cdir, recursive=True)
 
 
-def _stored_rows(ds: Dataset, writer: str, commits: list[int]) -> int:
+def _stored_rows(store: Store, writer: str, commits: list[int]) -> int:
     """Rows of every array of ``writer`` (an array that cannot be opened counts 0: nothing readable is in it)."""
     total = 0
-    for f in ds.schema.tensor_fields:
+    for f in store.schema.tensor_fields:
         for commit in [0, *commits]:
-            if ds.location.exists(*array_parts(writer, f, commit), "zarr.json"):
+            if array_exists(store.location, writer, f, commit):
                 try:
-                    total += TensorArray.open(ds.location, writer, f, ds._ts_context, commit=commit).rows
+                    total += store.open_array(writer, f, commit).rows
                 except CorruptionError:
                     continue
     return total
 
 
 def _vacuum_single_array(
-    ds: Dataset, writer: str, f: FieldSpec, refs: Runs, cutoff: float, report: VacuumReport
+    store: Store, writer: str, f: FieldSpec, refs: Runs, cutoff: float, report: VacuumReport
 ) -> None:
     """A writer's single array: count unreferenced rows, shrink it to its last referenced row."""
-    loc = ds.location
-    parts = array_parts(writer, f)
-    if not loc.exists(*parts, "zarr.json"):
+    loc = store.location
+    if not array_exists(loc, writer, f):
         return
     starts, stops = refs.get((writer, 0, f.key), (np.zeros(0, np.int64), np.zeros(0, np.int64)))
     end = int(stops.max()) if len(stops) else 0
-    arr = TensorArray.open(loc, writer, f, ds._ts_context, read_only=report.dry_run)
+    arr = store.open_array(writer, f, read_only=report.dry_run)
     align = 1 if loc.is_local else arr.write_rows
     inside, after = _unreferenced(starts, stops, arr.rows, align)
     report.unreferenced_rows += inside + after
     report.unreclaimed_rows += inside
-    if arr.rows > end and _newest_mtime(loc, loc.child(*parts)) < cutoff:
+    if arr.rows > end and _newest_mtime(loc, loc.child(*array_parts(writer, f))) < cutoff:
         report.truncated.append({"array": arr.where, "rows": arr.rows, "kept": end})
         if not report.dry_run:
-            assert arr.store is not None
-            arr.store.resize(exclusive_max=[end, *f.shape], shrink_only=True).result()
+            arr.shrink(end)
 
 
 def _vacuum_commit_array(
-    ds: Dataset, writer: str, commit: int, f: FieldSpec, refs: Runs, cutoff: float, report: VacuumReport
+    store: Store, writer: str, commit: int, f: FieldSpec, refs: Runs, cutoff: float, report: VacuumReport
 ) -> None:
     """One commit's array (object stores): removed whole when no episode references it."""
-    loc = ds.location
-    parts = array_parts(writer, f, commit)
-    if not loc.exists(*parts, "zarr.json"):
+    loc = store.location
+    if not array_exists(loc, writer, f, commit):
         return
-    arr = TensorArray.open(loc, writer, f, ds._ts_context, commit=commit)
+    arr = store.open_array(writer, f, commit)
     if (writer, commit, f.key) in refs:
         inside, after = _unreferenced(*refs[(writer, commit, f.key)], arr.rows, 1)
         report.unreferenced_rows += inside + after
         report.unreclaimed_rows += inside + after
         return
     report.unreferenced_rows += arr.rows
-    if _newest_mtime(loc, loc.child(*parts)) < cutoff:
-        report.tensor_arrays.append(loc.child(*parts))
+    path = loc.child(*array_parts(writer, f, commit))
+    if _newest_mtime(loc, path) < cutoff:
+        report.tensor_arrays.append(path)
         if not report.dry_run:
-            loc.fs.rm(loc.child(*parts), recursive=True)
+            loc.fs.rm(path, recursive=True)
 
 
 def _newest_mtime(loc: Location, path: str) -> float:

@@ -32,14 +32,10 @@ They are loaded once per snapshot into a flat in-memory table in episode order
 
 from __future__ import annotations
 
-import re
 import threading
 import weakref
 from collections.abc import Callable, Iterable
-from functools import cache
-from importlib.resources import files
-from string import Template
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import duckdb
 import numpy as np
@@ -47,31 +43,28 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .errors import CorruptionError, EpisodeLakeError, QueryError
-from .schema import FieldSpec
+from .schema import DatasetSchema, FieldSpec
 from .snapshot import Snapshot
-from .table import STAT_PARTS, EpisodeTable, has_stats, stat_column
-
-if TYPE_CHECKING:
-    from .dataset import DatasetView, EpisodeCollection
-
-_COMMENT = re.compile(r"^\s*--.*$\n?", re.MULTILINE)
+from .sql import quote, sql_template
+from .stats import STAT_PARTS, aggregate, split_channels, stat_column, stat_fields
+from .table import EpisodeTable
 
 
-@cache
-def sql_template(name: str) -> Template:
-    """The packaged ``sql/<name>.sql`` without its comment lines, as a ``$``-placeholder template."""
-    text = files("episodelake").joinpath("sql", f"{name}.sql").read_text()
-    return Template(_COMMENT.sub("", text).strip())
+class EpisodeCollection(Protocol):
+    """What the query functions read from a Dataset or a DatasetView (``_positions`` None: all episodes)."""
 
+    _positions: np.ndarray | None
 
-def quote(name: str) -> str:
-    """A SQL identifier for a column name (keys contain ``/``)."""
-    return '"' + name.replace('"', '""') + '"'
+    @property
+    def schema(self) -> DatasetSchema: ...
 
+    def snapshot(self) -> Snapshot: ...
 
-def channel_column(f: FieldSpec, part: str, channel: int) -> str:
-    """Column of ``episode_stats`` holding statistic ``part`` of one channel of ``f``."""
-    return f"{stat_column(f, part)}/{channel}"
+    @property
+    def positions(self) -> np.ndarray: ...
+
+    @property
+    def episode_ids(self) -> np.ndarray: ...
 
 
 def next_key(f: FieldSpec) -> str:
@@ -99,12 +92,10 @@ class _SnapshotSQL:
             if self._files_checked and not again:
                 return
             snap = self.snap
-            adds = EpisodeTable.open(snap.loc, snap.version).dt.get_add_actions(flatten=True)
-            root = snap.loc.child("episodes")
-            fs = snap.loc.fs
-            listed = {p: info["size"] for p, info in fs.find(root, detail=True).items()}
-            for rel, size in zip(adds.column("path").to_pylist(), adds.column("size_bytes").to_pylist(), strict=True):
-                path = snap.loc.child("episodes", rel)
+            table = EpisodeTable.open(snap.loc, snap.version)
+            listed = table.stored_files()
+            for add in table.add_actions():
+                path, size = table.file_path(add["path"]), add["size_bytes"]
                 found = listed.get(path)
                 if found is None:
                     raise CorruptionError(f"{snap.loc.url} version {snap.version}: table file {path} is missing")
@@ -157,21 +148,7 @@ class _SnapshotSQL:
         out: dict[str, np.ndarray | pa.Array] = {}
         for name in base:  # Arrow keeps a missing return NULL, so SQL aggregates skip it
             out[name] = tbl.column(name).combine_chunks().take(pa.array(order))
-        for f in fields:
-            out[stat_column(f, "count")] = tbl.column(stat_column(f, "count")).to_numpy()[order]
-            channels = f.stat_channels
-            for part in STAT_PARTS[1:]:
-                col = tbl.column(stat_column(f, part)).combine_chunks()
-                values = pc.list_flatten(col).to_numpy(zero_copy_only=False)
-                if col.null_count or values.size != tbl.num_rows * channels:
-                    raise CorruptionError(
-                        f"field {f.key!r}: statistics {part!r} hold {values.size} values for {tbl.num_rows} "
-                        f"episodes, expected {channels} per episode"
-                    )
-                # one row gather into episode order, one transpose: each channel is then a contiguous row
-                values = values.reshape(tbl.num_rows, channels)[order].T.copy()
-                for c in range(channels):
-                    out[channel_column(f, part, c)] = values[c]
+        out.update(split_channels(tbl, order, fields))
         return out
 
 
@@ -271,13 +248,10 @@ def sql_numpy(collection: EpisodeCollection, query: str, params: Any = None) -> 
     return {name: column_numpy(tbl.column(name)) for name in tbl.column_names}
 
 
-def _view(collection: EpisodeCollection, ids: np.ndarray) -> DatasetView:
-    from .dataset import DatasetView  # query sits above dataset in the import graph only at call time
-
+def _subset(collection: EpisodeCollection, ids: np.ndarray) -> tuple[Snapshot, np.ndarray]:
+    """The collection's snapshot and the positions of ``ids`` in it (episode order, no duplicates)."""
     snap = collection.snapshot()
-    positions = _state(snap).positions_of(ids)
-    dataset = getattr(collection, "dataset", collection)
-    return DatasetView(dataset, snap, positions)
+    return snap, _state(snap).positions_of(ids)
 
 
 def _episode_ids(
@@ -302,10 +276,11 @@ def _episode_ids(
     return ids.to_numpy()
 
 
-def where(collection: EpisodeCollection, predicate: str) -> DatasetView:
+def where(collection: EpisodeCollection, predicate: str) -> tuple[Snapshot, np.ndarray]:
     """The episodes of ``collection`` for which the SQL ``predicate`` over ``episodes`` is true.
 
-    ``predicate`` is parsed as one SQL expression (anything else is a :class:`QueryError`).
+    Returns the snapshot queried and their positions in it. ``predicate`` is
+    parsed as one SQL expression (anything else is a :class:`QueryError`).
     """
     if not isinstance(predicate, str) or not predicate.strip():
         raise QueryError(f"where() needs a SQL predicate string, got {predicate!r}")
@@ -315,66 +290,26 @@ def where(collection: EpisodeCollection, predicate: str) -> DatasetView:
         lambda cur: cur.table("episodes").filter(predicate).project("episode_id"),
         f"invalid where() predicate {predicate!r}",
     )
-    return _view(collection, ids)
+    return _subset(collection, ids)
 
 
-def select_episodes(collection: EpisodeCollection, query: str) -> DatasetView:
+def select_episodes(collection: EpisodeCollection, query: str) -> tuple[Snapshot, np.ndarray]:
     """The episodes whose ``episode_id`` the SQL ``query`` returns (duplicates count once).
 
-    Ids outside ``collection`` raise :class:`QueryError`.
+    Returns the snapshot queried and their positions in it. Ids outside ``collection`` raise :class:`QueryError`.
     """
     if not isinstance(query, str) or not query.strip():
         raise QueryError(f"select_episodes() needs a SQL query string, got {query!r}")
     ids = _episode_ids(
         collection, connect(collection), lambda cur: cur.sql(query), f"invalid select_episodes() query {query!r}"
     )
-    view = _view(collection, ids)
+    snap, positions = _subset(collection, ids)
     if _is_view(collection):
-        outside = np.setdiff1d(view.positions, collection.positions)
+        outside = np.setdiff1d(positions, collection.positions)
         if len(outside):
-            bad = collection.snapshot().index["episode_id"][outside][:10].tolist()
+            bad = snap.index["episode_id"][outside][:10].tolist()
             raise QueryError(f"select_episodes(): episode ids not in this view: {bad}")
-    return view
-
-
-def stat_fields(collection: EpisodeCollection, fields: Iterable[str] | None) -> list[FieldSpec]:
-    """The fields a statistics request covers (default: every numeric per-step field)."""
-    schema = collection.schema
-    if fields is None:
-        return [f for f in schema.step_fields if has_stats(f)]
-    if isinstance(fields, str):
-        fields = [fields]
-    out = []
-    for key in fields:
-        f = next((f for f in schema.step_fields if f.key == key), None)
-        if f is None or not has_stats(f):
-            known = [f.key for f in schema.step_fields if has_stats(f)]
-            raise QueryError(f"stats: {key!r} is not a numeric per-step field; fields with statistics: {known}")
-        out.append(f)
-    return out
-
-
-def _moments(name: str, n: str, total: str, sumsq: str, lo: str, hi: str) -> str:
-    return sql_template("moments").substitute(name=name, n=n, sum=total, sumsq=sumsq, min=lo, max=hi)
-
-
-def stats_sql(fields: list[FieldSpec]) -> str:
-    """The one aggregate (``sql/stats.sql``) computing every statistic of ``fields`` over ``episode_stats``."""
-    parts = [
-        _moments("length", "1", '"length"', '"length" * "length"', '"length"', '"length"'),
-        _moments(
-            "return", 'CAST("return" IS NOT NULL AS BIGINT)', '"return"', '"return" * "return"', '"return"', '"return"'
-        ),
-    ]
-    for f in fields:
-        for c in range(f.stat_channels):
-            col = {p: quote(channel_column(f, p, c)) for p in STAT_PARTS[1:]}
-            n = quote(stat_column(f, "count"))
-            parts.append(_moments(f"{f.key}/{c}", n, col["sum"], col["sumsq"], col["min"], col["max"]))
-    return sql_template("stats").substitute(moments=",\n".join(parts))
-
-
-MOMENTS = ("count", "sum", "mean", "std", "min", "max")
+    return snap, positions
 
 
 def stats(collection: EpisodeCollection, fields: Iterable[str] | None = None) -> dict[str, dict[str, Any]]:
@@ -388,38 +323,7 @@ def stats(collection: EpisodeCollection, fields: Iterable[str] | None = None) ->
     without channels gives floats. An empty subset gives NaN. Computed by one
     SQL aggregate over the commit-time statistics; no tensor is read.
     """
-    specs = stat_fields(collection, fields)
-    snap = collection.snapshot()
-    columns = _state(snap).stats_columns(specs)
-    wanted = ["length", "return"]
-    for f in specs:
-        wanted.append(stat_column(f, "count"))
-        wanted += [channel_column(f, p, c) for p in STAT_PARTS[1:] for c in range(f.stat_channels)]
-    if _is_view(collection):
-        rows = collection.positions
-        taken = {
-            n: columns[n].take(pa.array(rows)) if isinstance(columns[n], pa.Array) else columns[n][rows] for n in wanted
-        }
-    else:
-        taken = {n: columns[n] for n in wanted}
-    cur = _state(snap).db.cursor()
-    cur.register("episode_stats", pa.table(taken))
-    cur.execute(stats_sql(specs))
-    values = dict(zip([d[0] for d in cur.description], cur.fetchone(), strict=True))
-    out: dict[str, dict[str, Any]] = {"episodes": {"count": int(values["episodes"])}}
-    for name in ("length", "return"):
-        out[name] = {m: _number(values[f"{name}/{m}"], m) for m in MOMENTS}
-    for f in specs:
-        per = {m: np.array([_number(values[f"{f.key}/{c}/{m}"], m) for c in range(f.stat_channels)]) for m in MOMENTS}
-        entry: dict[str, Any] = {"count": int(per["count"][0])}
-        for m in MOMENTS[1:]:
-            vals = per[m].astype(np.float64)
-            entry[m] = vals if f.channel_axis is not None else float(vals[0])
-        out[f.key] = entry
-    return out
-
-
-def _number(value: Any, moment: str) -> float | int:
-    if moment == "count":
-        return int(value or 0)
-    return float("nan") if value is None else float(value)
+    specs = stat_fields(collection.schema, fields)
+    state = _state(collection.snapshot())
+    columns = state.stats_columns(specs)
+    return aggregate(state.db.cursor(), columns, specs, collection.positions if _is_view(collection) else None)

@@ -23,13 +23,20 @@ from .errors import SchemaError
 
 ROLES = ("observation", "action", "reward", "extra", "meta")
 STEP_ROLES = ("observation", "action", "reward", "extra")
-ROLE_ALIASES = {
-    "obs": "observation",
-    "observations": "observation",
-    "actions": "action",
-    "rewards": "reward",
-    "extras": "extra",
+# THE role table: each step role's other names. The first is its plural, the role's key in a
+# dict-form episode (Dataset.from_episodes, infer_schema). Every name, and the role itself, is
+# accepted as a FieldSpec role, as a role of Segment/Transitions and as a key of an add_step
+# dict; "infos" (Gymnasium's name) only as an add_step key. Segments read observations as
+# ``obs``/``observation``, ``next_obs``/``next_observation`` and ``all_obs``/``all_observations``.
+_ROLE_NAMES = {
+    "observation": ("observations", "obs"),
+    "action": ("actions",),
+    "reward": ("rewards",),
+    "extra": ("extras",),
 }
+EPISODE_KEYS = {names[0]: role for role, names in _ROLE_NAMES.items()}
+ROLE_ALIASES = {name: role for role, names in _ROLE_NAMES.items() for name in (role, *names)}
+STEP_KEYS = {**ROLE_ALIASES, "infos": "extra"}
 # Columns of the episode table that no field may shadow.
 RESERVED_COLUMNS = frozenset(
     {
@@ -55,6 +62,11 @@ _NAME_PART = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
 _NUMERIC_KINDS = "biufc"
 
 
+def role_of(name: str) -> str:
+    """The role ``name`` spells (see the role table); any other name is returned unchanged."""
+    return ROLE_ALIASES.get(name, name)
+
+
 def normalize_dtype(dtype: Any) -> np.dtype:
     """Return the NumPy dtype for ``dtype`` ("str" for strings); reject the rest."""
     if dtype in ("str", "string", str):
@@ -68,6 +80,18 @@ def normalize_dtype(dtype: Any) -> np.dtype:
     return dt.newbyteorder("=") if dt.kind != "U" else np.dtype("U")
 
 
+# Schema dtypes (``dtype.str`` without byte order) that table columns store as another dtype.
+_STORAGE_DTYPES: dict[str, np.dtype] = {
+    "u1": np.dtype("int16"),
+    "u2": np.dtype("int32"),
+    "u4": np.dtype("int64"),
+    "u8": np.dtype("int64"),
+    "f2": np.dtype("float32"),
+    "c8": np.dtype("float32"),
+    "c16": np.dtype("float64"),
+}
+
+
 def storage_dtype(dtype: np.dtype) -> np.dtype:
     """The dtype a table column stores ``dtype`` as (lossless; restored on read).
 
@@ -75,15 +99,7 @@ def storage_dtype(dtype: np.dtype) -> np.dtype:
     uint64 is bit-reinterpreted as int64 (documented: SQL sees it signed);
     float16 widens to float32; complex is stored as a trailing (re, im) axis.
     """
-    return {
-        "u1": np.dtype("int16"),
-        "u2": np.dtype("int32"),
-        "u4": np.dtype("int64"),
-        "u8": np.dtype("int64"),
-        "f2": np.dtype("float32"),
-        "c8": np.dtype("float32"),
-        "c16": np.dtype("float64"),
-    }.get(dtype.str[1:], dtype)
+    return _STORAGE_DTYPES.get(dtype.str[1:], dtype)
 
 
 def to_storage(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
@@ -154,7 +170,7 @@ class FieldSpec:
     np_dtype: np.dtype = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        role = ROLE_ALIASES.get(self.role, self.role)
+        role = role_of(self.role)
         if role not in ROLES:
             raise SchemaError(f"field {self.name!r}: unknown role {self.role!r}; use one of {ROLES}")
         object.__setattr__(self, "role", role)
@@ -238,6 +254,7 @@ class FieldSpec:
         return typ if self.role == "meta" else pa.list_(typ)
 
     def to_json(self) -> dict[str, Any]:
+        """The descriptor form; ``required`` only when set, so 0.1.0 readers still open the dataset."""
         return {
             "name": self.name,
             "shape": list(self.shape),
@@ -249,7 +266,7 @@ class FieldSpec:
             "chunk_rows": self.chunk_rows,
             "compression": self.compression,
             "description": self.description,
-            "required": self.required,
+            **({"required": True} if self.required else {}),
         }
 
     @classmethod
@@ -362,8 +379,6 @@ def infer_schema(episode: Mapping[str, Any]) -> DatasetSchema:
     with a leading time axis or (nested) dicts of them; ``meta`` is a dict of
     per-episode values. A plain array becomes a field named after its role.
     """
-    from .validation import EPISODE_KEYS  # local: validation depends on schema
-
     fields: list[FieldSpec] = []
     for key, role in EPISODE_KEYS.items():
         if key not in episode:

@@ -17,7 +17,7 @@ one random number and one binary search over cumulative weights.
 ``i % world_size == rank``: shards are disjoint, cover every segment, and
 differ in size by at most one. Local ids ``0 .. len(index) - 1`` of a shard map
 to global ids ``rank + world_size * local``. (Finite passes of a sharded
-:class:`~episodelake.sampling.SegmentStream` do not use this split: they
+:class:`~episodelake.stream.SegmentStream` do not use this split: they
 deal global positions round-robin so that every rank gets as many batches.)
 """
 
@@ -27,27 +27,27 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .errors import ValidationError
+from .errors import ArgumentError
 
 PAD_MODES = ("suffix", "prefix", None)
 
 
 def check_pad(pad: str | None) -> str | None:
     if pad not in PAD_MODES:
-        raise ValidationError(f"pad must be 'suffix', 'prefix' or None, got {pad!r}")
+        raise ArgumentError(f"pad must be 'suffix', 'prefix' or None, got {pad!r}")
     return pad
 
 
 def check_positive(value: object, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int | np.integer) or value <= 0:
-        raise ValidationError(f"{name} must be a positive int, got {value!r}")
+        raise ArgumentError(f"{name} must be a positive int, got {value!r}")
     return int(value)
 
 
 def check_seed(seed: object) -> int | None:
-    """``seed`` as an int (or None); anything else is a ValidationError naming the argument."""
+    """``seed`` as an int (or None); anything else is a ArgumentError naming the argument."""
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0):
-        raise ValidationError(f"seed must be an int >= 0 or None, got {seed!r}")
+        raise ArgumentError(f"seed must be an int >= 0 or None, got {seed!r}")
     return None if seed is None else int(seed)
 
 
@@ -78,12 +78,12 @@ class SegmentIndex:
         rank, world = (0, 1) if shard is None else tuple(shard)
         world = check_positive(world, "shard world_size")
         if isinstance(rank, bool) or not isinstance(rank, int | np.integer) or not 0 <= rank < world:
-            raise ValidationError(f"shard rank must be an int in [0, {world}), got {rank!r}")
+            raise ArgumentError(f"shard rank must be an int in [0, {world}), got {rank!r}")
         self.rank, self.world = int(rank), world
         self.positions = np.asarray(positions, dtype=np.int64)
         self.lengths = np.asarray(lengths, dtype=np.int64)
         if self.positions.shape != self.lengths.shape:
-            raise ValidationError("positions and lengths must have the same shape")
+            raise ArgumentError("positions and lengths must have the same shape")
         L = self.sequence_length
         full = np.where(self.lengths >= L, (self.lengths - L) // self.stride + 1, 0)
         short = (self.lengths < L) & (self.lengths > 0)
@@ -112,7 +112,7 @@ class SegmentIndex:
         """Global segment ids of shard-local ``ids`` (validated)."""
         ids = np.asarray(ids)
         if ids.dtype.kind not in "iu":
-            raise ValidationError(f"segment ids must be integers, got dtype {ids.dtype}")
+            raise ArgumentError(f"segment ids must be integers, got dtype {ids.dtype}")
         ids = ids.astype(np.int64, copy=False)
         n = len(self)
         if ids.size and (ids.min() < 0 or ids.max() >= n):
@@ -146,20 +146,20 @@ class SegmentIndex:
     def sample_uniform(self, rng: np.random.Generator, n: int) -> np.ndarray:
         """``n`` shard-local ids, uniform with replacement."""
         if len(self) == 0:
-            raise ValidationError("no segments to sample: every episode is filtered out or shorter than the sequence")
+            raise ArgumentError("no segments to sample: every episode is filtered out or shorter than the sequence")
         return rng.integers(0, len(self), size=n, dtype=np.int64)
 
     def episode_weights_table(self, weights: np.ndarray) -> np.ndarray:
         """Cumulative sampling mass per episode: a segment's weight is its episode's weight."""
         w = np.asarray(weights, dtype=np.float64)
         if w.shape != self.lengths.shape:
-            raise ValidationError(f"weights: expected {len(self.lengths)} per-episode values, got shape {w.shape}")
+            raise ArgumentError(f"weights: expected {len(self.lengths)} per-episode values, got shape {w.shape}")
         bad = ~np.isfinite(w) | (w < 0)
         if bad.any():
-            raise ValidationError(f"weights: episode #{int(np.flatnonzero(bad)[0])} has weight {w[bad][0]!r}")
+            raise ArgumentError(f"weights: episode #{int(np.flatnonzero(bad)[0])} has weight {w[bad][0]!r}")
         mass = np.cumsum(w * self.shard_counts)
         if not len(mass) or mass[-1] <= 0:
-            raise ValidationError("weights: every segment has weight zero")
+            raise ArgumentError("weights: every segment has weight zero")
         return mass
 
     def sample_weighted(self, rng: np.random.Generator, n: int, mass: np.ndarray) -> np.ndarray:

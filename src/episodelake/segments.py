@@ -23,19 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from .schema import DatasetSchema
-
-ROLE_NAMES = {
-    "obs": "observation",
-    "observation": "observation",
-    "observations": "observation",
-    "action": "action",
-    "actions": "action",
-    "reward": "reward",
-    "rewards": "reward",
-    "extra": "extra",
-    "extras": "extra",
-}
+from .schema import DatasetSchema, role_of
 
 
 def meta_fill(dtype: np.dtype) -> Any:
@@ -151,7 +139,7 @@ class Segment:
 
     def role(self, role: str, which: slice | None = None) -> Any:
         """The fields of ``role``; observation rows optionally sliced along time."""
-        role = ROLE_NAMES.get(role, role)
+        role = role_of(role)
         fields = self.schema.role_fields(role)
         items = {}
         for f in fields:
@@ -221,6 +209,3 @@ class Segment:
         kind = "Batch" if self.time_axis else "Segment"
         shapes = ", ".join(f"{k}: {tuple(np.shape(v))}" for k, v in self.data.items())
         return f"{kind}({shapes})"
-
-
-Batch = Segment

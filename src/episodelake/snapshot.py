@@ -25,9 +25,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import tensorstore as ts
 
+from . import layout
+from .episode import extra_rows, rows_for
 from .errors import CorruptionError
-from .location import Location
-from .schema import DatasetSchema, FieldSpec, from_storage, storage_dtype
+from .schema import FieldSpec, from_storage, storage_dtype
+from .store import Store
 from .table import EpisodeTable
 from .tensors import PlainArray, TensorArray, engine_usable, make_context, read_many, split_ref
 
@@ -109,17 +111,19 @@ class Snapshot:
 
     verify = False
 
-    def __init__(self, loc: Location, schema: DatasetSchema, table: EpisodeTable, context: ts.Context) -> None:
-        self.loc = loc
-        self.schema = schema
-        self.version = table.version
-        self._dataset = table.dataset()
-        self._context = context
+    def __init__(self, store: Store) -> None:
+        """The store's table at its pinned version; tensors are read through the store's TensorStore context."""
+        self.loc = store.location
+        self.schema = store.schema
+        self.version = store.version
+        self._dataset = store.table.dataset()
+        self._context: ts.Context | None = store.context
         self._lock = threading.Lock()
         self._fields: dict[str, np.ndarray] = {}
         self._arrays: dict[tuple[str, int, str], TensorArray | PlainArray] = {}
         self._arrays_pid = os.getpid()
         self._verified: set[tuple[str, int]] = set()
+        self.window_reader: Any = None  # the batch reader, built once by batching.reader_for (pickled along)
 
     def __getstate__(self) -> dict[str, Any]:
         # Worker processes get the loaded NumPy caches; the Arrow dataset, the
@@ -146,7 +150,7 @@ class Snapshot:
                 try:
                     fragment.to_table(columns=[c for c in columns if c in fragment.physical_schema.names])
                 except (OSError, pa.ArrowException):
-                    where += f" at {self.loc.child('episodes', fragment.path)}"
+                    where += f" at {self.loc.child(*layout.table_parts(fragment.path))}"
                     break
             raise CorruptionError(f"{where}: {exc}") from exc
 
@@ -211,17 +215,14 @@ class Snapshot:
         return self.index["length"].astype(np.int64)
 
     @cached_property
-    def step_offsets(self) -> np.ndarray:
-        """Start of each episode's transitions in a concatenation of all episodes."""
-        return np.concatenate([[0], np.cumsum(self.lengths)]).astype(np.int64)
-
-    @cached_property
-    def obs_offsets(self) -> np.ndarray:
-        """Start of each episode's observation rows (T + 1 per episode)."""
-        return np.concatenate([[0], np.cumsum(self.lengths + 1)]).astype(np.int64)
+    def _row_offsets(self) -> dict[int, np.ndarray]:
+        """By :func:`~episodelake.episode.extra_rows`: each episode's first row among all rows, then the total."""
+        extras = {extra_rows(f) for f in self.schema.step_fields}
+        return {e: np.concatenate([[0], np.cumsum(self.lengths + e)]).astype(np.int64) for e in extras}
 
     def offsets(self, f: FieldSpec) -> np.ndarray:
-        return self.obs_offsets if f.role == "observation" else self.step_offsets
+        """Start of each episode's rows of ``f`` in a concatenation of all episodes (the total last)."""
+        return self._row_offsets[extra_rows(f)]
 
     def meta(self, pos: int) -> dict[str, Any]:
         """Per-episode meta values of episode ``pos`` in their schema dtype (None if unset)."""
@@ -289,7 +290,7 @@ class Snapshot:
 
     def field_rows(self, f: FieldSpec, pos: int) -> tuple[int, int]:
         """(start, stop) of episode ``pos``'s rows of ``f`` in its storage (its tensor array, or the table)."""
-        n = int(self.lengths[pos]) + (1 if f.role == "observation" else 0)
+        n = rows_for(f, int(self.lengths[pos]))
         if f.in_tensor:
             start = split_ref(self.index[f"ref/{f.key}"][pos])[1]
         else:

@@ -12,32 +12,27 @@ versions and time travel.
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import time
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.dataset as pads
+import pyarrow.parquet as pq
 from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
-from .errors import CommitConflictError, DatasetNotFoundError, ValidationError
+from . import layout
+from .errors import ArgumentError, CommitConflictError, DatasetNotFoundError
 from .location import Location
-from .schema import DatasetSchema, FieldSpec
+from .schema import DatasetSchema
+from .stats import STAT_PARTS, has_stats, stat_column
 
-STAT_PARTS = ("count", "sum", "sumsq", "min", "max")
 COMPACT_EVERY = 64  # commits between automatic compactions + checkpoints
 COMMIT_RETRIES = 20
-COMPACT_LOCK = "_episodelake_compact.lock"  # underscore: Delta's vacuum and readers ignore it
 COMPACT_LOCK_STALE_S = 600.0
-
-
-def stat_column(field: FieldSpec, part: str) -> str:
-    return f"stats/{field.key}/{part}"
-
-
-def has_stats(field: FieldSpec) -> bool:
-    return field.role != "meta" and field.np_dtype.kind in "biuf"
 
 
 def arrow_schema(schema: DatasetSchema) -> pa.Schema:
@@ -94,7 +89,7 @@ class EpisodeTable:
             raise DatasetNotFoundError(f"no episode table at {loc.delta_uri()}") from exc
         except Exception as exc:  # deltalake raises plain errors for unknown versions
             if version is not None:
-                raise ValidationError(f"version {version} does not exist at {loc.url}: {exc}") from exc
+                raise ArgumentError(f"version {version} does not exist at {loc.url}: {exc}") from exc
             raise
         return cls(loc, dt)
 
@@ -107,7 +102,7 @@ class EpisodeTable:
 
     def dataset(self) -> pads.Dataset:
         """The pinned snapshot as an Arrow dataset (pushdown, partition pruning)."""
-        return self.dt.to_pyarrow_dataset(filesystem=self.loc.arrow_filesystem("episodes"))
+        return self.dt.to_pyarrow_dataset(filesystem=self.loc.arrow_filesystem(*layout.table_parts()))
 
     def read(self, columns: list[str], filter: Any = None) -> pa.Table:
         return self.dataset().to_table(columns=columns, filter=filter)
@@ -155,7 +150,7 @@ class EpisodeTable:
                 pass  # lost a race with another writer; the data is unchanged
             finally:
                 if self.loc.is_local:
-                    os.remove(self.loc.child("episodes", COMPACT_LOCK))
+                    os.remove(self.loc.child(*layout.compact_lock_parts()))
         self.dt.update_incremental()
         self._commits_since_compact = 0
 
@@ -163,7 +158,7 @@ class EpisodeTable:
         """Create the compaction lock (local disk only; a lock older than COMPACT_LOCK_STALE_S is broken)."""
         if not self.loc.is_local:
             return True  # object stores: no lock file (see docs/reliability.md)
-        path = self.loc.child("episodes", COMPACT_LOCK)
+        path = self.loc.child(*layout.compact_lock_parts())
         for _ in range(2):
             try:
                 os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
@@ -182,3 +177,76 @@ class EpisodeTable:
 
     def file_uris(self) -> list[str]:
         return self.dt.file_uris()
+
+    def add_actions(self) -> list[dict[str, Any]]:
+        """The data files of the pinned version as its log records them, one dict each.
+
+        Keys: ``path`` (relative to the table directory), ``size_bytes``,
+        ``num_records``, ``partition.<column>`` and the ``min.<column>`` /
+        ``max.<column>`` statistics.
+        """
+        return pa.table(self.dt.get_add_actions(flatten=True)).to_pylist()
+
+    def file_path(self, rel: str) -> str:
+        """Filesystem path of a data file named relative to the table directory (as the log names it)."""
+        return self.loc.child(*layout.table_parts(rel))
+
+    def stored_files(self) -> dict[str, int]:
+        """Every Parquet data file on storage, referenced or not (log checkpoints excluded): path -> bytes."""
+        return stored_files(self.loc)
+
+    def vacuum(self, retention_hours: float, dry_run: bool) -> list[str]:
+        """Delete data files no retained version references that are older than ``retention_hours``.
+
+        Returns their paths (sorted), only those still on storage (the log
+        also names files an earlier vacuum deleted). ``dry_run`` deletes
+        nothing. The handle moves to the latest version afterwards (unless
+        ``dry_run``).
+        """
+        on_disk = stored_files(self.loc)
+        doomed = self.dt.vacuum(
+            retention_hours=math.ceil(retention_hours) if retention_hours else 0,
+            dry_run=dry_run,
+            enforce_retention_duration=False,
+            full=True,
+        )
+        if not dry_run:
+            self.refresh()
+        return sorted(path for path in map(self.file_path, doomed) if path in on_disk)
+
+
+def stored_files(loc: Location) -> dict[str, int]:
+    """The Parquet data files under ``loc``'s table directory (the log excluded), path -> bytes."""
+    root = loc.child(*layout.table_parts())
+    log = loc.child(*layout.log_parts()) + "/"
+    found = loc.fs.find(root, detail=True)
+    return {
+        path: int(info["size"])
+        for path, info in found.items()
+        if path.endswith(layout.DATA_SUFFIX) and not path.startswith(log)
+    }
+
+
+def log_entries(loc: Location) -> list[str]:
+    """Paths of the commit entries (one JSON file per version) of the Delta log at ``loc``, sorted."""
+    return sorted(loc.fs.glob(loc.child(*layout.log_parts(), layout.LOG_ENTRY_PATTERN)))
+
+
+def log_problems(loc: Location) -> list[tuple[str, str]]:
+    """``(path, what is wrong)`` of each unparseable log entry (not one JSON action per line) and checkpoint."""
+    out: list[tuple[str, str]] = []
+    for path in log_entries(loc):
+        try:
+            with loc.fs.open(path, "rb") as fh:
+                for line in fh.read().decode().splitlines():
+                    if line.strip():
+                        json.loads(line)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            out.append((path, f"commit entry is not valid JSON: {exc}"))
+    for path in sorted(loc.fs.glob(loc.child(*layout.log_parts(), layout.CHECKPOINT_PATTERN))):
+        try:
+            with loc.fs.open(path, "rb") as fh:
+                pq.read_metadata(fh)
+        except (OSError, pa.ArrowException) as exc:
+            out.append((path, f"checkpoint unreadable: {exc}"))
+    return out

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -38,7 +39,8 @@ import numpy as np
 import pyarrow as pa
 import tensorstore as ts
 
-from .errors import CorruptionError
+from . import layout
+from .errors import CorruptionError, ForkedProcessError, ValidationError
 from .location import Location
 from .schema import FieldSpec
 
@@ -59,7 +61,7 @@ def _start_engine(where: str) -> None:
     """Record that this process runs TensorStore operations; refuse clearly where TensorStore would abort."""
     global _ENGINE_PID
     if not engine_usable():
-        raise RuntimeError(
+        raise ForkedProcessError(
             f"{where}: TensorStore cannot run in a process forked from one that used it; "
             "write from a spawned process (multiprocessing context 'spawn')"
         )
@@ -127,8 +129,75 @@ def _fill_value(dtype: np.dtype) -> Any:
 
 def array_parts(writer: str, field: FieldSpec, commit: int = 0) -> tuple[str, ...]:
     """Path parts of a writer's array of ``field``: its single array (commit 0) or one commit's array."""
-    head = ("tensors", writer) if commit == 0 else ("tensors", writer, str(commit))
-    return (*head, *field.key.split("/"))
+    return layout.array_parts(writer, field.key, commit)
+
+
+def array_exists(loc: Location, writer: str, field: FieldSpec, commit: int = 0) -> bool:
+    """Whether the array has its metadata file (an array is created with it)."""
+    return loc.exists(*layout.metadata_parts(array_parts(writer, field, commit)))
+
+
+def read_metadata(loc: Location, writer: str, field: FieldSpec, commit: int = 0) -> dict[str, Any]:
+    """The array's Zarr v3 metadata as written; ``OSError``/``ValueError`` when missing or not JSON."""
+    path = loc.child(*layout.metadata_parts(array_parts(writer, field, commit)))
+    if loc.is_local:
+        with open(path, "rb") as fh:
+            return json.loads(fh.read())
+    return json.loads(loc.fs.cat_file(path))
+
+
+def mappable_layout(loc: Location, writer: str, field: FieldSpec) -> tuple[int, int] | None:
+    """``(rows, chunk_rows)`` of ``writer``'s single local array of ``field`` when its chunk files hold raw rows.
+
+    Raw rows: the one ``bytes`` codec in native byte order, a regular grid
+    chunked along time only, ``/``-separated default chunk keys and a zero
+    fill value, so each chunk file (:func:`layout.chunk_parts`) can be
+    memory-mapped as ``chunk_rows`` rows in C order. None otherwise, and when
+    the metadata cannot be read (opening the array reports that properly).
+    """
+    try:
+        meta = read_metadata(loc, writer, field)
+        codecs = meta["codecs"]
+        grid = meta["chunk_grid"]
+        keys = meta["chunk_key_encoding"]
+        chunk = list(grid["configuration"]["chunk_shape"])
+        rows = int(meta["shape"][0])
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return None
+    dt = field.np_dtype
+    endian = (codecs[0].get("configuration") or {}).get("endian", "little") if codecs else None
+    plain = (
+        len(codecs) == 1
+        and codecs[0].get("name") == "bytes"
+        and (dt.itemsize == 1 or endian == sys.byteorder)
+        and grid.get("name") == "regular"
+        and chunk[1:] == list(field.shape)
+        and keys.get("name") == "default"
+        and (keys.get("configuration") or {}).get("separator", "/") == "/"
+        and meta.get("data_type") == dt.name
+        and meta.get("fill_value") in (0, False)
+    )
+    return (rows, int(chunk[0])) if plain else None
+
+
+def tensors_size(loc: Location) -> int:
+    """Bytes stored under the tensor directory (every writer's arrays)."""
+    root = loc.child(layout.TENSORS)
+    return int(loc.fs.du(root)) if loc.fs.exists(root) else 0
+
+
+def tensor_writers(loc: Location) -> list[str]:
+    """Names of the writers with a tensor directory, sorted."""
+    root = loc.child(layout.TENSORS)
+    if not loc.fs.exists(root):
+        return []
+    return sorted(d.rstrip("/").rsplit("/", 1)[-1] for d in loc.fs.ls(root, detail=False))
+
+
+def writer_commits(loc: Location, writer: str) -> list[int]:
+    """The commit numbers of ``writer``'s commit arrays (object stores), sorted."""
+    names = [d.rstrip("/").rsplit("/", 1)[-1] for d in loc.fs.ls(loc.child(*layout.writer_parts(writer)), detail=False)]
+    return sorted(int(n) for n in names if layout.is_commit_dir(n))
 
 
 def _check_layout(where: str, shape: Sequence[int], dtype: np.dtype, field: FieldSpec) -> None:
@@ -222,7 +291,9 @@ class TensorArray:
     def write_rows(self) -> int:
         """Rows per write unit (a chunk, or a shard on object stores): writes aligned to it never overlap."""
         assert self.store is not None
-        return int(self.store.chunk_layout.write_chunk.shape[0])
+        shape = self.store.chunk_layout.write_chunk.shape
+        assert shape is not None and shape[0] is not None  # our arrays always declare their chunking
+        return int(shape[0])
 
     def reserve(self, rows: int) -> int:
         """Make room for ``rows`` more rows; return the reference of the first of them."""
@@ -235,7 +306,7 @@ class TensorArray:
             return start
         assert self._loc is not None and self._context is not None
         if rows > ROW_MASK:
-            raise ValueError(f"{self.where}: one commit of {rows} rows exceeds the limit of {ROW_MASK}")
+            raise ValidationError(f"{self.where}: one commit of {rows} rows exceeds the limit of {ROW_MASK}")
         self.commit += 1
         parts = array_parts(self._writer, self.field, self.commit)
         self.store = _create_store(self._loc, parts, self.field, self._context, sharded=True, rows=rows)
@@ -252,13 +323,13 @@ class TensorArray:
         unit, row = self.write_rows, start & ROW_MASK
         return (row + rows) // unit * unit - row
 
-    def write(self, start: int, values: np.ndarray) -> ts.Future:
+    def write(self, start: int, values: np.ndarray) -> ts.WriteFutures:
         """Write ``values`` at references ``[start, start + len(values))`` of reserved space."""
         assert self.store is not None
         row = start & ROW_MASK
         return self.store[row : row + len(values)].write(values)
 
-    def append_block(self, block: np.ndarray) -> tuple[int, ts.Future]:
+    def append_block(self, block: np.ndarray) -> tuple[int, ts.WriteFutures]:
         """Reserve ``len(block)`` rows and write ``block`` there in one write.
 
         Returns the first row's reference and the write future; the caller
@@ -266,6 +337,12 @@ class TensorArray:
         """
         start = self.reserve(len(block))
         return start, self.write(start, block)
+
+    def shrink(self, rows: int) -> None:
+        """Cut the array to its first ``rows`` rows (chunk files wholly past the end are deleted)."""
+        assert self.store is not None
+        self.store = self.store.resize(exclusive_max=[rows, *self.field.shape], shrink_only=True).result()
+        self.rows = rows
 
     def read(self, start: int, stop: int) -> ts.Future:
         """Rows ``[start, stop)`` of this array (a future)."""
@@ -288,11 +365,11 @@ class TensorArray:
                 out[dst : dst + n] = fut.result()
             except ValueError as exc:
                 failed = failed or (src, n, eid, exc)
-        if failed is not None:
-            src, n, eid, exc = failed
+        if failed is not None:  # every read has finished: none is left in flight when we raise
+            src, n, eid, error = failed
             raise CorruptionError(
-                f"episode {eid}: field {self.field.key!r} rows [{src}, {src + n}) of {self.where} unreadable: {exc}"
-            ) from exc
+                f"episode {eid}: field {self.field.key!r} rows [{src}, {src + n}) of {self.where} unreadable: {error}"
+            ) from error
 
 
 def _create_store(
@@ -337,7 +414,7 @@ class PlainArray:
         self.dir = loc.child(*array_parts(writer, field, commit))
         self.where = loc.child_url(*array_parts(writer, field, commit))
         try:
-            meta = json.loads(self._fetch([(f"{self.dir}/zarr.json", None, None)])[0])
+            meta = read_metadata(loc, writer, field, commit)
             codecs = meta["codecs"]
             self.rows = int(meta["shape"][0])
             outer = int(meta["chunk_grid"]["configuration"]["chunk_shape"][0])
@@ -358,7 +435,6 @@ class PlainArray:
         self.zstd = names[-1] == "zstd"
         self.per_shard = outer // self.chunk_rows
         self.dtype = field.np_dtype.newbyteorder("<")
-        self._suffix = "/0" * len(field.shape)
         # shard -> (per_shard, 2) offsets and sizes; committed shards never change
         self._indexes: dict[int, np.ndarray] = {}
 
@@ -376,7 +452,9 @@ class PlainArray:
         return list(self.loc.fs.cat_ranges(list(paths), list(starts), list(ends)))
 
     def _chunk_path(self, c: int) -> str:
-        return f"{self.dir}/c/{c // self.per_shard if self.sharded else c}{self._suffix}"
+        return "/".join(
+            [self.dir, *layout.chunk_parts(c // self.per_shard if self.sharded else c, len(self.field.shape))]
+        )
 
     def _shard_indexes(self, shards: list[int]) -> None:
         todo = [s for s in shards if s not in self._indexes]
@@ -394,7 +472,7 @@ class PlainArray:
         what = f"episode {episode_id}: field {self.field.key!r}" if episode_id >= 0 else f"field {self.field.key!r}"
         if self.sharded:
             self._shard_indexes(sorted({c // self.per_shard for c in wanted}))
-        requests = []
+        requests: list[tuple[str, int | None, int | None]] = []
         for c in wanted:
             if self.sharded:
                 offset, nbytes = (int(v) for v in self._indexes[c // self.per_shard][c % self.per_shard])

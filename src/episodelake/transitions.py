@@ -22,7 +22,8 @@ bool per item (False where the value is unset and holds the fill value; see
 :mod:`episodelake.segments`).
 
 Observation fields are read as one buffer per field (``obs`` and ``next_obs``
-are views of it), so ``map(fn)`` converts each buffer once.
+are views of it), so ``map(fn)`` converts each buffer once. The batch is a
+:class:`~episodelake.batch.Transitions`.
 """
 
 from __future__ import annotations
@@ -32,93 +33,16 @@ from typing import Any
 
 import numpy as np
 
-from .batching import WindowReader
-from .errors import ValidationError
-from .sampling import reader_for, select
-from .schema import DatasetSchema
+from .batch import Transitions
+from .batching import WindowReader, reader_for
+from .errors import ArgumentError
 from .segment_index import SegmentIndex, check_positive, check_seed
-from .segments import ROLE_NAMES, RoleView
-
-
-class Transitions:
-    """A batch of single transitions (see module docstring). Fields are ``[B, ...]``."""
-
-    def __init__(
-        self, schema: DatasetSchema, buffers: dict[str, Any], history: int, horizon: int, next_at: int
-    ) -> None:
-        self.schema = schema
-        self.buffers = buffers
-        self.history = history
-        self.horizon = horizon
-        self.next_at = next_at  # row of the observation buffers where next_obs starts
-
-    def _role(self, role: str, sel: Any) -> Any:
-        fields = self.schema.role_fields(ROLE_NAMES.get(role, role))
-        items = {f.name: self.buffers[f.key][sel] for f in fields}
-        if self.schema.unwrapped(ROLE_NAMES.get(role, role)):
-            return next(iter(items.values()))
-        return RoleView(items)
-
-    def _obs_sel(self, first: int) -> tuple[slice, Any]:
-        k = self.history
-        return (slice(None), first if k == 1 else slice(first, first + k))
-
-    @property
-    def obs(self) -> Any:
-        return self._role("observation", self._obs_sel(0))
-
-    @property
-    def next_obs(self) -> Any:
-        return self._role("observation", self._obs_sel(self.next_at))
-
-    observation = obs
-    next_observation = next_obs
-
-    @property
-    def action(self) -> Any:
-        return self._role("action", (slice(None), 0) if self.horizon == 1 else (slice(None),))
-
-    @property
-    def reward(self) -> Any:
-        return self._role("reward", (slice(None),))
-
-    @property
-    def extra(self) -> Any:
-        return self._role("extra", (slice(None),)) if self.schema.role_fields("extra") else RoleView({})
-
-    @property
-    def meta(self) -> RoleView:
-        return RoleView({k[5:]: v for k, v in self.buffers.items() if k.startswith("meta/")})
-
-    @property
-    def meta_mask(self) -> RoleView:
-        """False where an episode's meta value is unset (the value then holds the fill value)."""
-        return RoleView({k[10:]: v for k, v in self.buffers.items() if k.startswith("meta_mask/")})
-
-    def __getattr__(self, name: str) -> Any:
-        # terminated, truncated, discount, n_steps, obs_mask, next_obs_mask, action_mask, episode_id, start
-        buffers = self.__dict__.get("buffers", {})
-        if name in buffers:
-            return buffers[name]
-        raise AttributeError(name)
-
-    def __len__(self) -> int:
-        return len(self.buffers["terminated"])
-
-    def map(self, fn: Callable[[Any], Any]) -> Transitions:
-        """A new batch with ``fn`` applied once to every underlying buffer."""
-        return Transitions(
-            self.schema, {k: fn(v) for k, v in self.buffers.items()}, self.history, self.horizon, self.next_at
-        )
-
-    def __repr__(self) -> str:
-        shapes = ", ".join(f"{k}: {tuple(np.shape(v))}" for k, v in self.buffers.items() if "/" in k)
-        return f"Transitions({shapes})"
+from .selection import select
 
 
 def check_gamma(gamma: float) -> float:
     if isinstance(gamma, bool) or not isinstance(gamma, int | float) or not 0.0 <= gamma <= 1.0:
-        raise ValidationError(f"gamma must be a number in [0, 1], got {gamma!r}")
+        raise ArgumentError(f"gamma must be a number in [0, 1], got {gamma!r}")
     return float(gamma)
 
 
@@ -205,7 +129,7 @@ def sample_transitions(
     if rng is None:
         rng = np.random.default_rng(check_seed(seed))
     elif not isinstance(rng, np.random.Generator):
-        raise ValidationError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
+        raise ArgumentError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
     snap, positions = select(collection, where, filter)
     index = SegmentIndex(positions, snap.lengths[positions], 1)
     which, t = index.locate(index.sample_uniform(rng, B))

@@ -2,7 +2,7 @@
 
 Contracts:
 
-* Every value is validated (see :mod:`validation`) before anything changes. A
+* Every value is validated (see :mod:`checks`) before anything changes. A
   rejected ``add_step``, ``set_meta`` or episode raises :class:`ValidationError`
   naming the field and the step and leaves the writer (and the dataset)
   exactly as before.
@@ -27,18 +27,11 @@ from typing import Any
 
 import numpy as np
 
-from .commit import CommitSink, FinishedEpisode
-from .errors import EpisodeStateError, ValidationError
-from .schema import FieldSpec
-from .validation import (
-    STEP_KEYS,
-    check_flags,
-    check_meta,
-    check_values,
-    episode_from_dict,
-    missing_required,
-    split_role,
-)
+from .checks import check_flags, check_meta, check_values, episode_from_dict, missing_required, split_role
+from .commit import CommitSink
+from .episode import FinishedEpisode
+from .errors import ArgumentError, EpisodeStateError, ValidationError
+from .schema import STEP_KEYS, FieldSpec
 
 Meta = Mapping[str, Any]
 QUEUED_MESSAGE = (
@@ -326,9 +319,9 @@ class VectorEpisodeWriter:
         mode = str(getattr(autoreset_mode, "value", autoreset_mode)).lower().replace("_", "")
         mode = {"nextstep": "next_step", "samestep": "same_step"}.get(mode, mode)
         if mode not in ("next_step", "same_step"):
-            raise ValidationError(f"autoreset_mode must be 'next_step' or 'same_step', got {autoreset_mode!r}")
+            raise ArgumentError(f"autoreset_mode must be 'next_step' or 'same_step', got {autoreset_mode!r}")
         if isinstance(num_envs, bool) or not isinstance(num_envs, int | np.integer) or num_envs < 1:
-            raise ValidationError(f"num_envs must be a positive int, got {num_envs!r}")
+            raise ArgumentError(f"num_envs must be a positive int, got {num_envs!r}")
         self.sink = sink
         self.num_envs = int(num_envs)
         self.mode = mode

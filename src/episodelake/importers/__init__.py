@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..dataset import Dataset
-from ..errors import ValidationError
+from ..errors import ArgumentError, ValidationError
 from ..progress import track
 from ..schema import DatasetSchema, FieldSpec
 
@@ -37,7 +37,7 @@ SOURCE_EPISODE = FieldSpec("source_episode", (), "int64", role="meta", descripti
 def import_dataset(format: str, src: Any, dst: str | None = None, **options: Any) -> Dataset:
     """Import ``src`` in ``format`` (see :data:`FORMATS`) into a new dataset at ``dst``."""
     if format not in FORMATS:
-        raise ValueError(f"unknown import format {format!r}; known: {sorted(FORMATS)}")
+        raise ArgumentError(f"unknown import format {format!r}; known: {sorted(FORMATS)}")
     module = importlib.import_module(f".{FORMATS[format]}", __name__)
     return module.load(src, dst, **options)
 

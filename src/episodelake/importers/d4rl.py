@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from ..dataset import Dataset
-from ..errors import ValidationError
+from ..errors import ArgumentError, ValidationError
 from ..schema import DatasetSchema
 from . import SOURCE_EPISODE, action_out_episode, fields_from_arrays, kept_transitions, write_import
 
@@ -50,7 +50,7 @@ def read_flat(path: str | os.PathLike) -> dict[str, np.ndarray]:
     if path.endswith(".npz"):
         with np.load(path, allow_pickle=False) as z:
             return {k: z[k] for k in z.files}
-    raise ValidationError(f"{path}: expected a .hdf5, .h5 or .npz file")
+    raise ArgumentError(f"{path}: expected a .hdf5, .h5 or .npz file")
 
 
 def group(data: Mapping[str, Any], key: str, name: str) -> dict[str, np.ndarray] | None:
@@ -97,11 +97,12 @@ def load(
     row's observations inside an episode (the error names the row).
     """
     data = read_flat(src) if isinstance(src, str | os.PathLike) else src
-    roles = {}
+    roles: dict[str, dict[str, np.ndarray]] = {}
     for key, role in ROLE_KEYS.items():
-        roles[role] = group(data, key, role)
-        if roles[role] is None:
+        found = group(data, key, role)
+        if found is None:
             raise ValidationError(f"D4RL data has no {key!r}")
+        roles[role] = found
     n = len(next(iter(roles["reward"].values())))
     next_obs = group(data, "next_observations", "observation")
     extras = group(data, "infos", "info") or {}

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from ..dataset import Dataset
-from ..errors import ValidationError
+from ..errors import ArgumentError, ValidationError
 from ..schema import DatasetSchema
 from . import SOURCE_EPISODE, action_out_episode, fields_from_arrays, write_import
 
@@ -97,8 +97,8 @@ def load(
     terminated = terminated or _first(TERMINATED_NAMES, fields)
     truncated = truncated or _first(TRUNCATED_NAMES, fields)
     if not rewards or not actions:
-        raise ValidationError(f"{src}: cannot tell the reward and action fields among {sorted(fields)}; name them")
-    claimed = {rewards, *actions, terminated, truncated, *extras} - {None}
+        raise ArgumentError(f"{src}: cannot tell the reward and action fields among {sorted(fields)}; name them")
+    claimed = {n for n in (rewards, *actions, terminated, truncated, *extras) if n is not None}
     if observations is None:
         observations = [k for k in fields if k not in claimed and not k.startswith("next_")]
     if next_observations is None:
@@ -107,9 +107,9 @@ def load(
             next_observations = {}
     unknown = sorted({*observations, *claimed, *next_observations.values()} - set(fields))
     if unknown:
-        raise ValidationError(f"{src}: no field(s) {unknown}; the buffer has {sorted(fields)}")
+        raise ArgumentError(f"{src}: no field(s) {unknown}; the buffer has {sorted(fields)}")
     if next_observations and set(next_observations) != set(observations):
-        raise ValidationError(f"next_observations must map every observation field {sorted(observations)}")
+        raise ArgumentError(f"next_observations must map every observation field {sorted(observations)}")
 
     def rows(names: Sequence[str], slot: int) -> dict[str, np.ndarray]:
         n = int(buf.lens[slot])

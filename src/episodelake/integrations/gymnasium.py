@@ -39,8 +39,9 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv, VectorWrapper
 
-from ..dataset import DESCRIPTOR, Dataset
-from ..errors import EpisodeStateError, SchemaError, ValidationError
+from ..dataset import Dataset
+from ..errors import ArgumentError, DatasetExistsError, EpisodeStateError, SchemaError, ValidationError
+from ..layout import DESCRIPTOR
 from ..location import resolve
 from ..schema import DatasetSchema, FieldSpec, schema_from_gym_spaces
 from ..writer import EpisodeWriter, VectorEpisodeWriter
@@ -135,17 +136,25 @@ def _packages(entry_point: Any) -> dict[str, str]:
 
 
 def _spec(env: gym.Env | VectorEnv) -> Any:
+    """The env's spec; a vector env without one: its first sub-env's, where the base env has ``get_attr``."""
     spec = getattr(env, "spec", None)
     if spec is None and isinstance(env, VectorEnv):
-        spec = env.get_attr("spec")[0]
+        get_attr = getattr(env.unwrapped, "get_attr", None)  # SyncVectorEnv/AsyncVectorEnv, not VectorEnv
+        if get_attr is not None:
+            spec = get_attr("spec")[0]
     return spec
+
+
+def _spaces(env: gym.Env | VectorEnv) -> tuple[gym.Space, gym.Space]:
+    """The observation and action spaces of one env (a vector env's sub-env)."""
+    if isinstance(env, VectorEnv):
+        return env.single_observation_space, env.single_action_space
+    return env.observation_space, env.action_space
 
 
 def env_info(env: gym.Env | VectorEnv) -> dict[str, Any]:
     """What the descriptor records about ``env``: id, spec, spaces, providing packages."""
-    vector = isinstance(env, VectorEnv)
-    obs_space = env.single_observation_space if vector else env.observation_space
-    act_space = env.single_action_space if vector else env.action_space
+    obs_space, act_space = _spaces(env)
     spec = _spec(env)
     out: dict[str, Any] = {
         "env_id": spec.id if spec is not None else None,
@@ -158,7 +167,7 @@ def env_info(env: gym.Env | VectorEnv) -> dict[str, Any]:
         except (ValueError, TypeError):  # kwargs that are not JSON (callables, objects)
             out["env_spec"] = {"id": spec.id, "entry_point": str(spec.entry_point)}
         out["packages"] = _packages(spec.entry_point)
-    if vector:
+    if isinstance(env, VectorEnv):
         out["num_envs"] = env.num_envs
         mode = env.metadata.get("autoreset_mode")
         out["autoreset_mode"] = getattr(mode, "value", mode)
@@ -169,12 +178,6 @@ def env_info(env: gym.Env | VectorEnv) -> dict[str, Any]:
 _AUTO_META = {"seed": "uint64", "env_id": "str", "env_index": "int64"}
 # create_options that shape the schema rather than being passed on to Dataset.create.
 _SCHEMA_OPTIONS = ("schema", "meta_fields", "reward_dtype", "compression", "field_options")
-
-
-def _spaces(env: gym.Env | VectorEnv) -> tuple[gym.Space, gym.Space]:
-    if isinstance(env, VectorEnv):
-        return env.single_observation_space, env.single_action_space
-    return env.observation_space, env.action_space
 
 
 def _check_auto_meta(f: FieldSpec) -> None:
@@ -351,7 +354,7 @@ class _Recording:
         elif not create_options.get("overwrite"):  # fail now rather than at the first step
             loc = resolve(dataset, dict(create_options.get("storage_options") or {}))
             if loc.exists(DESCRIPTOR):
-                raise FileExistsError(f"a dataset already exists at {loc.url}; pass overwrite=True to replace it")
+                raise DatasetExistsError(f"a dataset already exists at {loc.url}; pass overwrite=True to replace it")
 
     def _schema(self, extra: Sequence[FieldSpec] = (), meta: Sequence[FieldSpec] = ()) -> DatasetSchema:
         opts = dict(self.schema_options)
@@ -507,6 +510,7 @@ class RecordEpisodes(gym.Wrapper):
             self._writer = self._rec.ensure([info]).new_episode(first_obs, **meta)
             self._start = None
         writer = self._writer
+        assert writer is not None  # opened by reset() or just above (checked before stepping the env)
         # Gymnasium may set both (TimeLimit on a terminal step); the state is terminal, so terminated wins.
         step = {
             "observations": obs,
@@ -577,7 +581,7 @@ class RecordVectorEpisodes(VectorWrapper):
         mode = env.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP)
         mode = AutoresetMode(mode) if isinstance(mode, str) else mode
         if mode not in _AUTORESET:
-            raise ValidationError(f"RecordVectorEpisodes supports NEXT_STEP and SAME_STEP autoreset, not {mode}")
+            raise ArgumentError(f"RecordVectorEpisodes supports NEXT_STEP and SAME_STEP autoreset, not {mode}")
         self.autoreset_mode = _AUTORESET[mode]
         self._rec = _Recording(env, dataset, info_keys, outcome, create_options)
         self.meta = meta
@@ -619,9 +623,10 @@ class RecordVectorEpisodes(VectorWrapper):
         self, *, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Any, dict[str, Any]]:
         if options and "reset_mask" in options:
-            raise ValidationError("RecordVectorEpisodes does not support partial resets (options['reset_mask'])")
+            raise ArgumentError("RecordVectorEpisodes does not support partial resets (options['reset_mask'])")
         self._close_writer()
-        obs, infos = self.env.reset(seed=seed, options=options)
+        # gymnasium annotates VectorEnv.reset's seed as int | None; its vector envs also take one per env
+        obs, infos = self.env.reset(seed=seed, options=options)  # type: ignore[arg-type]
         n = self.num_envs
         if seed is None:
             self._seeds = [None] * n

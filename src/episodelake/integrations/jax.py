@@ -20,7 +20,7 @@ def to_jax(batch: Any, device: Any = None) -> Any:
     """
     import jax
 
-    x64 = bool(jax.config.jax_enable_x64)
+    x64 = bool(jax.config.read("jax_enable_x64"))
 
     def convert(x: Any) -> Any:
         if not isinstance(x, np.ndarray) or x.dtype.kind not in NUMERIC_KINDS:

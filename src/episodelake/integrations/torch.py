@@ -38,7 +38,7 @@ def to_torch(batch: Any, device: Any = None, non_blocking: bool = False, pin_mem
 
 
 def collate_to_torch(items: Any) -> Any:
-    """A DataLoader ``collate_fn``: :func:`episodelake.sampling.collate`, then :func:`to_torch` (shared memory)."""
-    from ..sampling import collate
+    """A DataLoader ``collate_fn``: :func:`episodelake.batch.collate`, then :func:`to_torch` (shared memory)."""
+    from ..batch import collate
 
     return to_torch(collate(items))

@@ -1,288 +1,43 @@
-"""Sampling: map-style segments for DataLoaders and the training segment stream.
+"""The training stream of segment batches (``ds.segment_stream(...)``): planner, prefetch thread, resume.
 
-* :class:`SegmentDataset` (``ds.segments(L)``): ``len``/indexing over every
-  valid segment (:mod:`.segment_index`), a batched ``__getitems__`` that turns
-  a whole loader batch into one planned read, ``collate``; picklable, so it
-  runs in PyTorch ``DataLoader`` workers.
-* :class:`SegmentStream` (``ds.segment_stream(...)``): seeded batches, with
-  replacement (infinite, the default), without (one shuffled pass) or in
-  order (``shuffle=False``: one ordered pass); SQL ``where``/``weights``,
-  ``filter`` callables, custom samplers, rank/world-size shards, background
-  prefetch and exact resume through ``state_dict()``.
+:class:`SegmentStream` yields seeded :class:`~episodelake.batch.SegmentBatch`
+batches, with replacement (infinite, the default), without (one shuffled
+pass) or in order (``shuffle=False``: one ordered pass); SQL
+``where``/``weights``, ``filter`` callables, custom samplers
+(:mod:`.samplers`), rank/world-size shards, background prefetch and exact
+resume through ``state_dict()``.
 
-Batches are :class:`SegmentBatch` (a :class:`~episodelake.segments.Segment`
-with ``time_axis=1``): observation fields hold ``[B, L + 1, ...]`` (``obs``
-and ``next_obs`` are views), other fields ``[B, L, ...]``, flags and ``mask``
-``[B, L]``, ``meta`` values, ``episode_id`` and ``start`` ``[B]``. Slot ``t``
-of item ``b`` holds transition ``start[b] + t`` of its episode (``start`` is
-negative for a prefix-padded short episode). Padding slots are zeros with
-``mask`` False; in the ``L + 1`` observation buffer the rows outside the
-episode's ``T + 1`` observations are zeros, so ``obs``/``next_obs`` at the one
-padding slot adjacent to the real run show the neighbouring real observation.
+* :class:`_Planner` decides which global segment ids each batch holds and
+  the state to resume from after it; with replacement it draws through a
+  :class:`~episodelake.samplers.Sampler` (built in or the user's).
+* :class:`_Prefetcher` builds batches ahead on a background thread; a
+  ``threading`` exit hook stops every live one before interpreter shutdown.
 """
 
 from __future__ import annotations
 
 import copy
 import hashlib
-import os
 import queue
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
-from .batching import WindowReader
-from .errors import ValidationError
+from .batch import SegmentBatch
+from .batching import WindowReader, reader_for
+from .errors import ArgumentError, StreamStoppedError
+from .samplers import Sampler, StatefulSampler, UniformSampler, WeightedSampler
 from .segment_index import SegmentIndex, check_positive, check_seed
-from .segments import Segment, meta_fill
-from .snapshot import Snapshot
+from .selection import episode_weights, select
 
 STATE_FORMAT = 2
-_READER_LOCK = threading.Lock()
-
-
-def _reset_lock_after_fork() -> None:
-    global _READER_LOCK
-    _READER_LOCK = threading.Lock()  # a parent's prefetch thread may have held it at fork time
-
-
-os.register_at_fork(after_in_child=_reset_lock_after_fork)
-
-
-def reader_for(snap: Snapshot) -> WindowReader:
-    """The snapshot's :class:`WindowReader`, built once and kept on the snapshot."""
-    with _READER_LOCK:
-        reader = snap.__dict__.get("_window_reader")
-        if reader is None:
-            reader = snap.__dict__["_window_reader"] = WindowReader(snap)
-        return reader
-
-
-def select(
-    collection: Any, where: str | None = None, filter: Callable[[Any], bool] | None = None
-) -> tuple[Snapshot, np.ndarray]:
-    """``collection`` narrowed by a SQL predicate and/or a per-episode predicate.
-
-    ``filter`` receives each episode's ``EpisodeRef`` (``episode_id``,
-    ``length``, ``terminated``, ``truncated``, ``meta``) and returns a bool.
-    Returns ``(snapshot, positions)``.
-    """
-    if where is not None:
-        collection = collection.where(where)
-    snap = collection.snapshot()
-    positions = np.asarray(collection.positions, dtype=np.int64)
-    if filter is not None:
-        if not callable(filter):
-            raise ValidationError(f"filter must be callable, got {type(filter).__name__}")
-        keep = np.fromiter((bool(filter(ref)) for ref in collection.episodes()), bool, len(positions))
-        positions = positions[keep]
-    return snap, positions
-
-
-def episode_weights(collection: Any, snap: Snapshot, positions: np.ndarray, weights: Any) -> np.ndarray:
-    """Per-episode sampling weights aligned with ``positions``.
-
-    ``weights`` is a SQL expression over the ``episodes`` view (``"return"``,
-    ``"CASE WHEN success THEN 4 ELSE 1 END"``), a SQL query returning
-    ``episode_id`` and ``weight`` columns (episodes it omits get weight 0),
-    or one number per episode of ``collection`` (before any ``where``/``filter``).
-    """
-    if not isinstance(weights, str):
-        w = np.asarray(weights, dtype=np.float64)
-        if w.shape != (len(collection.positions),):
-            raise ValidationError(
-                f"weights: expected one value per episode ({len(collection.positions)}), got shape {w.shape}"
-            )
-        by_pos = dict(zip(collection.positions.tolist(), w.tolist(), strict=True))
-        return np.array([by_pos[p] for p in positions.tolist()], dtype=np.float64)
-    text = weights.strip()
-    if text.split(None, 1)[0].lower() in ("select", "with", "from"):
-        query = text
-    else:
-        query = f"SELECT episode_id, CAST(({text}) AS DOUBLE) AS weight FROM episodes"
-    cols = collection.sql_numpy(query)
-    if "episode_id" not in cols or "weight" not in cols:
-        raise ValidationError(f"weights query must return episode_id and weight columns, got {sorted(cols)}")
-    by_id = dict(zip(cols["episode_id"].tolist(), cols["weight"].tolist(), strict=True))
-    ids = snap.index["episode_id"][positions].tolist()
-    return np.array([np.nan if by_id.get(i, 0.0) is None else by_id.get(i, 0.0) for i in ids], dtype=np.float64)
-
-
-class SegmentBatch(Segment):
-    """A batch of segments; ``context``/``target`` split it at ``context_length`` transitions.
-
-    ``context`` covers transitions ``[0, C)`` and ``target`` ``[C, L)``; both
-    are views of the same buffers, so the observation row ``C`` is the last
-    ``next_obs`` of the context and the first ``obs`` of the target.
-    """
-
-    context_length: int | None = None
-
-    @classmethod
-    def wrap(cls, seg: Segment, context_length: int | None = None) -> SegmentBatch:
-        out = cls.__new__(cls)
-        out.__dict__.update(seg.__dict__)
-        out.context_length = context_length
-        return out
-
-    def time_slice(self, start: int, stop: int) -> Segment:
-        """Transitions ``[start, stop)`` as a Segment of views (observations keep one extra row)."""
-        n = len(self)
-        if not 0 <= start < stop <= n:
-            raise IndexError(f"time slice [{start}, {stop}) outside [0, {n})")
-        obs = {f.key for f in self.schema.role_fields("observation")}
-        data = {k: self._slice(v, slice(start, stop + 1 if k in obs else stop)) for k, v in self.data.items()}
-        sl = slice(start, stop)
-        return Segment(
-            self.schema,
-            data,
-            self._slice(self.terminated, sl),
-            self._slice(self.truncated, sl),
-            self._slice(self.mask, sl),
-            self.meta.flat(),
-            self.episode_id,
-            None if self.start is None else self.start + start,
-            self.time_axis,
-            self.meta_mask.flat(),
-        )
-
-    def _split_at(self) -> int:
-        if self.context_length is None:
-            raise AttributeError("this batch has no context/target split; pass context_length= and target_length=")
-        return self.context_length
-
-    @property
-    def context(self) -> Segment:
-        return self.time_slice(0, self._split_at())
-
-    @property
-    def target(self) -> Segment:
-        return self.time_slice(self._split_at(), len(self))
-
-    def map(self, fn: Callable[[Any], Any]) -> SegmentBatch:
-        return SegmentBatch.wrap(super().map(fn), self.context_length)
-
-
-def collate(items: Segment | Sequence[Segment]) -> SegmentBatch:
-    """A loader's ``collate_fn``: a batch from ``__getitems__`` passes through; single segments are stacked."""
-    if isinstance(items, Segment) and items.time_axis == 1:
-        return items if isinstance(items, SegmentBatch) else SegmentBatch.wrap(items)
-    items = list(items)
-    if not items:
-        raise ValidationError("collate needs at least one segment")
-    first = items[0]
-    meta, meta_mask = _collate_meta(first.schema, items)
-    seg = Segment(
-        first.schema,
-        {k: np.stack([it.data[k] for it in items]) for k in first.data},
-        np.stack([it.terminated for it in items]),
-        np.stack([it.truncated for it in items]),
-        np.stack([it.mask for it in items]),
-        meta,
-        np.asarray([it.episode_id for it in items], dtype=np.int64),
-        np.asarray([it.start for it in items], dtype=np.int64),
-        time_axis=1,
-        meta_mask=meta_mask,
-    )
-    return SegmentBatch.wrap(seg)
-
-
-def _collate_meta(schema: Any, items: list[Segment]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """Typed meta arrays and validity masks of single segments (unset values: fill value, mask False)."""
-    meta, meta_mask = {}, {}
-    for k in items[0].meta.flat():
-        values = [it.meta.flat()[k] for it in items]
-        valid = np.array([bool(it.meta_mask.flat()[k]) for it in items], dtype=bool)
-        dtype = schema[k].np_dtype
-        if dtype.kind == "U":
-            meta[k] = np.array([v if ok else None for v, ok in zip(values, valid, strict=True)], dtype=object)
-        else:
-            meta[k] = np.full((len(items), *schema[k].shape), meta_fill(dtype), dtype=dtype)
-            if valid.any():
-                meta[k][valid] = np.stack([np.asarray(v, dtype) for v, ok in zip(values, valid, strict=True) if ok])
-        meta_mask[k] = valid
-    return meta, meta_mask
-
-
-def unbatch(batch: Segment, i: int) -> Segment:
-    """Item ``i`` of a batch as a single Segment (views; meta as Python values, unset ones the fill value)."""
-    meta = {}
-    for k, v in batch.meta.flat().items():
-        x = v[i]
-        meta[k] = x.item() if isinstance(x, np.generic) else x
-    meta_mask = {k: bool(v[i]) for k, v in batch.meta_mask.flat().items()}
-    return Segment(
-        batch.schema,
-        {k: v[i] for k, v in batch.data.items()},
-        batch.terminated[i],
-        batch.truncated[i],
-        batch.mask[i],
-        meta,
-        int(batch.episode_id[i]),
-        int(batch.start[i]),
-        meta_mask=meta_mask,
-    )
-
-
-class SegmentDataset:
-    """Every valid segment of a collection, indexable (PyTorch map-style dataset).
-
-    ``dataset[i]`` is one :class:`Segment` (``[L, ...]``); ``__getitems__``
-    (used by ``DataLoader`` with a batch size) reads a whole batch with one
-    planned read and returns a :class:`SegmentBatch`, which :meth:`collate`
-    passes through, so use ``collate_fn=segments.collate``. Picklable: spawn
-    workers get the loaded index and small fields; forked workers share them.
-
-    Args:
-        collection: a Dataset or DatasetView.
-        sequence_length: transitions per segment.
-        pad: ``"suffix"`` (default), ``"prefix"`` or None (skip short episodes).
-        stride: distance between segment starts within an episode.
-        where / filter: narrow the episodes (see :func:`select`).
-        shard: ``(rank, world_size)``: this rank's disjoint part of the segments.
-    """
-
-    def __init__(
-        self,
-        collection: Any,
-        sequence_length: int,
-        pad: str | None = "suffix",
-        stride: int = 1,
-        where: str | None = None,
-        filter: Callable[[Any], bool] | None = None,
-        shard: Sequence[int] | None = None,
-    ) -> None:
-        snap, positions = select(collection, where, filter)
-        self.index = SegmentIndex(positions, snap.lengths[positions], sequence_length, pad, stride, shard)
-        self.sequence_length = self.index.sequence_length
-        self.reader = reader_for(snap)
-
-    def __len__(self) -> int:
-        return len(self.index)
-
-    def __getitem__(self, i: int) -> Segment:
-        if isinstance(i, bool) or not isinstance(i, int | np.integer):
-            raise TypeError(f"segment index must be an int, got {type(i).__name__}")
-        n = len(self)
-        if not -n <= i < n:
-            raise IndexError(f"segment index {i} out of range for {n} segments")
-        return unbatch(self.__getitems__([int(i) % n]), 0)
-
-    def __getitems__(self, ids: Sequence[int]) -> SegmentBatch:
-        k, first = self.index.locate(np.asarray(ids, dtype=np.int64))
-        seg = self.reader.segments(self.index.positions[k], first, self.sequence_length)
-        return SegmentBatch.wrap(seg)
-
-    collate = staticmethod(collate)
-
-    def __repr__(self) -> str:
-        return f"SegmentDataset({len(self)} segments of {self.sequence_length} transitions)"
-
 
 FINITE_MODES = ("ordered", "permutation")
+# where a state keeps its sampler's state: the built-in samplers' generator ("random"), a user sampler's own
+SAMPLER_STATE = {"random": "rng", "sampler": "sampler"}
 SHARD_POLICIES = ("wrap", "drop")
 
 
@@ -310,9 +65,11 @@ class _Planner:
     batches exactly positions ``[0, consumed)`` are taken whatever the world
     size: a state resumes on any rank, and on a new world size.
 
-    With replacement (and with a custom sampler) each rank draws from its own
-    shard of the index (:class:`SegmentIndex`), with a generator seeded by
-    ``seed`` (world size 1) or ``(seed, rank)``; that state is per rank.
+    With replacement (mode ``"random"``: a built-in sampler) and with a
+    custom sampler (mode ``"sampler"``) each rank draws through the
+    :class:`~episodelake.samplers.Sampler` protocol from its own shard of the
+    index (:class:`SegmentIndex`); the built-in samplers' generator is seeded by
+    ``seed`` (world size 1) or ``(seed, rank)``. That state is per rank.
     """
 
     def __init__(
@@ -321,8 +78,7 @@ class _Planner:
         batch_size: int,
         mode: str,
         seed: int,
-        mass: np.ndarray | None,
-        sampler: Any,
+        sampler: Sampler | None,
         drop_last: bool,
         shard_policy: str,
         params: dict[str, Any],
@@ -331,7 +87,6 @@ class _Planner:
         self.index = index
         self.batch_size = batch_size
         self.mode = mode
-        self.mass = mass
         self.sampler = sampler
         self.drop_last = drop_last
         self.shard_policy = shard_policy
@@ -342,7 +97,6 @@ class _Planner:
     def _reset(self, seed: int, epoch: int, consumed: int) -> None:
         self.seed = seed
         self.params["seed"] = seed
-        self.rng = np.random.default_rng(seed if self.index.world == 1 else [seed, self.index.rank])
         self.epoch = epoch
         self.consumed = consumed
         self.ended = False  # a pass that ended stays ended, even where another world size could go on
@@ -373,13 +127,7 @@ class _Planner:
     def next_ids(self) -> np.ndarray | None:
         """Global segment ids of the next batch; None at the end of a finite pass."""
         B, index = self.batch_size, self.index
-        if self.mode == "random":
-            if self.mass is None:
-                local = index.sample_uniform(self.rng, B)
-            else:
-                local = index.sample_weighted(self.rng, B, self.mass)
-            return index.to_global(local)
-        if self.mode == "sampler":
+        if self.sampler is not None:
             local = np.asarray(self.sampler.sample(index, B))
             return None if local.size == 0 else index.to_global(local)
         b = 0 if self.ended else self._next_count()
@@ -404,22 +152,21 @@ class _Planner:
             "consumed": self.consumed,
             "finished": self.pass_finished(),
         }
-        if self.mode == "random":
-            out["rng"] = copy.deepcopy(self.rng.bit_generator.state)
-        if self.mode == "sampler" and hasattr(self.sampler, "state_dict"):
-            out["sampler"] = copy.deepcopy(self.sampler.state_dict())
+        key = SAMPLER_STATE.get(self.mode)
+        if key is not None and self.sampler is not None and hasattr(self.sampler, "state_dict"):
+            out[key] = copy.deepcopy(self.sampler.state_dict())
         return out
 
     def check(self, state: dict[str, Any]) -> None:
-        """Raise ValidationError naming the first parameter in which ``state``'s stream differs from this one."""
+        """Raise ArgumentError naming the first parameter in which ``state``'s stream differs from this one."""
         if not isinstance(state, dict):
-            raise ValidationError(f"state_dict: expected a dict, got {type(state).__name__}")
+            raise ArgumentError(f"state_dict: expected a dict, got {type(state).__name__}")
         if state.get("format") != STATE_FORMAT:
-            raise ValidationError(f"state_dict: format is {state.get('format')!r}, this version reads {STATE_FORMAT}")
+            raise ArgumentError(f"state_dict: format is {state.get('format')!r}, this version reads {STATE_FORMAT}")
         saved, mine = state.get("params") or {}, self.params
 
-        def mismatch(name: str, theirs: Any, ours: Any) -> ValidationError:
-            return ValidationError(
+        def mismatch(name: str, theirs: Any, ours: Any) -> ArgumentError:
+            return ArgumentError(
                 f"state_dict: {name} is {theirs!r} in the saved state but {ours!r} in this stream "
                 "(a state loads only into a stream over the same segments, sampled the same way)"
             )
@@ -453,20 +200,19 @@ class _Planner:
         for key in ("epoch", "consumed"):
             value = state.get(key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValidationError(f"state_dict: {key} must be an int >= 0, got {value!r}")
+                raise ArgumentError(f"state_dict: {key} must be an int >= 0, got {value!r}")
         if self.mode == "random" and not isinstance(state.get("rng"), dict):
-            raise ValidationError("state_dict: no generator state ('rng') saved")
+            raise ArgumentError("state_dict: no generator state ('rng') saved")
         if self.mode == "sampler" and "sampler" not in state and hasattr(self.sampler, "state_dict"):
-            raise ValidationError("state_dict: no sampler state saved, but this stream's sampler has one")
+            raise ArgumentError("state_dict: no sampler state saved, but this stream's sampler has one")
 
     def load(self, state: dict[str, Any]) -> None:
         self.check(state)
-        if self.mode == "sampler" and "sampler" in state:
-            self.sampler.load_state_dict(copy.deepcopy(state["sampler"]))
+        key = SAMPLER_STATE.get(self.mode)
+        if key is not None and key in state:
+            cast(StatefulSampler, self.sampler).load_state_dict(copy.deepcopy(state[key]))
         self._reset(int(state["params"]["seed"]), int(state["epoch"]), int(state["consumed"]))
         self.ended = bool(state.get("finished"))
-        if self.mode == "random":
-            self.rng.bit_generator.state = copy.deepcopy(state["rng"])
 
 
 def _global_batch(params: dict[str, Any]) -> Any:
@@ -511,13 +257,13 @@ class _Prefetcher:
                 return
 
     def get(self) -> Any:
-        """The next item; raises ``RuntimeError`` once stopped with nothing left (instead of blocking forever)."""
+        """The next item; raises :class:`StreamStoppedError` once stopped with nothing left (never blocks)."""
         while True:
             try:
                 return self.queue.get(timeout=0.1)
             except queue.Empty:
                 if self._stop.is_set() and not self._thread.is_alive():
-                    raise RuntimeError("the stream's prefetch thread was stopped (interpreter exit)") from None
+                    raise StreamStoppedError("the stream's prefetch thread was stopped (interpreter exit)") from None
 
     def stop(self) -> None:
         """Stop the thread and wait until it ended (its current batch read completes first)."""
@@ -542,7 +288,7 @@ def _stop_all_prefetchers() -> None:
 
 # threading's exit hooks run at the start of interpreter shutdown, before non-daemon
 # threads are joined, before atexit callbacks and long before native static destructors.
-threading._register_atexit(_stop_all_prefetchers)
+threading._register_atexit(_stop_all_prefetchers)  # type: ignore[attr-defined]
 
 
 class SegmentStream:
@@ -565,8 +311,9 @@ class SegmentStream:
         weights: per-episode sampling weights (a segment's weight is its
             episode's): a SQL expression or query, or an array (see
             :func:`episode_weights`); with-replacement mode only.
-        sampler: an object with ``sample(index, batch_size)`` returning
-            segment ids in ``[0, len(index))`` (optionally ``state_dict()`` /
+        sampler: a :class:`~episodelake.samplers.Sampler`: an object with
+            ``sample(index, batch_size)`` returning segment ids in
+            ``[0, len(index))`` (optionally ``state_dict()`` /
             ``load_state_dict()`` for resume; an empty result ends the stream).
         shard: ``(rank, world_size)``. Finite passes deal the pass's global
             segment sequence round-robin over the ranks, and every rank yields
@@ -588,7 +335,7 @@ class SegmentStream:
     ``state_dict()`` describes the position after the last batch returned
     (not after batches prefetched but not yet returned); a stream built with
     the same arguments resumes exactly with ``load_state_dict()``, which
-    raises ValidationError naming the first parameter that differs. A finite
+    raises ArgumentError naming the first parameter that differs. A finite
     pass's state counts the global positions consumed, so it loads on any
     rank and, at the same global batch size ``batch_size * world_size``, on a
     different world size: rank ``r`` of the new world continues from that
@@ -611,7 +358,7 @@ class SegmentStream:
         where: str | None = None,
         filter: Callable[[Any], bool] | None = None,
         weights: Any = None,
-        sampler: Any = None,
+        sampler: Sampler | None = None,
         shard: Sequence[int] | None = None,
         prefetch: int = 2,
         drop_last: bool = False,
@@ -619,26 +366,26 @@ class SegmentStream:
     ) -> None:
         if context_length is not None or target_length is not None:
             if context_length is None or target_length is None:
-                raise ValidationError("give both context_length and target_length")
+                raise ArgumentError("give both context_length and target_length")
             C = check_positive(context_length, "context_length")
             L = C + check_positive(target_length, "target_length")
             if sequence_length is not None and sequence_length != L:
-                raise ValidationError(
+                raise ArgumentError(
                     f"sequence_length={sequence_length} disagrees with context_length + target_length = {L}"
                 )
         elif sequence_length is None:
-            raise ValidationError("give sequence_length, or context_length and target_length")
+            raise ArgumentError("give sequence_length, or context_length and target_length")
         else:
             C, L = None, check_positive(sequence_length, "sequence_length")
         self.batch_size = check_positive(batch_size, "batch_size")
         if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
-            raise ValidationError(f"prefetch must be an int >= 0, got {prefetch!r}")
+            raise ArgumentError(f"prefetch must be an int >= 0, got {prefetch!r}")
         if sampler is not None and not callable(getattr(sampler, "sample", None)):
-            raise ValidationError("sampler must have a sample(index, batch_size) method")
+            raise ArgumentError("sampler must have a sample(index, batch_size) method")
         if weights is not None and (sampler is not None or not (shuffle and replacement)):
-            raise ValidationError("weights apply to the default with-replacement sampler only")
+            raise ArgumentError("weights apply to the default with-replacement sampler only")
         if shard_policy not in SHARD_POLICIES:
-            raise ValidationError(f"shard_policy must be 'wrap' or 'drop', got {shard_policy!r}")
+            raise ArgumentError(f"shard_policy must be 'wrap' or 'drop', got {shard_policy!r}")
         check_seed(seed)
         snap, positions = select(collection, where, filter)
         self.index = SegmentIndex(positions, snap.lengths[positions], L, pad, stride, shard)
@@ -654,16 +401,18 @@ class SegmentStream:
             mode = "ordered"
         else:
             mode = "random" if replacement else "permutation"
-        if mode == "random":
-            self.index.sample_uniform(np.random.default_rng(0), 0)  # fail now if there is nothing to sample
         if mode == "permutation" and self.index.world > 1 and seed is None:
-            raise ValidationError(
+            raise ArgumentError(
                 "seed: a sharded pass with replacement=False needs an explicit seed, the same on every rank "
                 "(each rank must draw the same permutation)"
             )
         seed_given = seed is not None
         if seed is None:
-            seed = int(np.random.SeedSequence().entropy % (1 << 63))
+            seed = int(cast(int, np.random.SeedSequence().entropy) % (1 << 63))
+        if mode == "random":  # the built-in samplers
+            self.index.sample_uniform(np.random.default_rng(0), 0)  # fail now if there is nothing to sample
+            rng_seed = seed if self.index.world == 1 else [seed, self.index.rank]
+            sampler = UniformSampler(rng_seed) if mass is None else WeightedSampler(rng_seed, mass)
         params = {
             "sequence_length": L,
             "pad": self.index.pad,
@@ -682,7 +431,6 @@ class SegmentStream:
             self.batch_size,
             mode,
             int(seed),
-            mass,
             sampler,
             bool(drop_last),
             shard_policy,
@@ -722,6 +470,7 @@ class SegmentStream:
     def __next__(self) -> SegmentBatch:
         if self._done:
             raise StopIteration
+        item: Any
         if self.prefetch == 0:
             ids = self._planner.next_ids()
             item = _END if ids is None else (self._build(ids), self._planner.state())
@@ -747,7 +496,7 @@ class SegmentStream:
         return copy.deepcopy(self._state)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue exactly after the batch ``state`` was taken at (ValidationError if it does not fit).
+        """Continue exactly after the batch ``state`` was taken at (ArgumentError if it does not fit).
 
         A state taken at the end of a pass loads as finished: the next
         ``iter()`` starts the following pass.
@@ -796,13 +545,3 @@ class _BatchBuilder:
         """The batch of global segment ``ids``."""
         k, first = self.index.locate_global(ids)
         return SegmentBatch.wrap(self.reader.segments(self.index.positions[k], first, self.length), self.context_length)
-
-
-def sample_transitions(collection: Any, batch_size: int, **kwargs: Any):
-    """See :func:`episodelake.transitions.sample_transitions`."""
-    from .transitions import sample_transitions as impl
-
-    return impl(collection, batch_size, **kwargs)
-
-
-__all__ = ["SegmentBatch", "SegmentDataset", "SegmentStream", "collate", "sample_transitions"]

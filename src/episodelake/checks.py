@@ -1,4 +1,4 @@
-"""Validation of values offered for writing, before anything changes.
+"""Checks of values offered for writing, before anything changes.
 
 Values are accepted when their kind is the schema's or narrower (bool -> int ->
 float -> complex), integers fit the target dtype, shapes match exactly, and
@@ -14,21 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from .commit import FinishedEpisode
+from .episode import FinishedEpisode, rows_for
 from .errors import ValidationError
-from .schema import STRING_LIMIT, DatasetSchema, FieldSpec, flatten_role
+from .schema import EPISODE_KEYS, STRING_LIMIT, DatasetSchema, FieldSpec, flatten_role
 
-# Dict-form episode keys -> roles (the episodata convention, plurals).
-EPISODE_KEYS = {"observations": "observation", "actions": "action", "rewards": "reward", "extras": "extra"}
-STEP_KEYS = {
-    **EPISODE_KEYS,
-    "observation": "observation",
-    "obs": "observation",
-    "action": "action",
-    "reward": "reward",
-    "extra": "extra",
-    "infos": "extra",
-}
 _KIND_RANK = {"b": 0, "u": 1, "i": 1, "f": 2, "c": 3}
 
 
@@ -156,9 +145,8 @@ def episode_from_dict(schema: DatasetSchema, episode: Mapping[str, Any], where: 
                 rows = check_values(schema[k], v, (length,), f"{where} observations")
                 data[k] = np.concatenate([head[None], rows])
         else:
-            rows = length + 1 if role == "observation" else length
             for k, v in values.items():
-                data[k] = check_values(schema[k], v, (rows,), f"{where} {role_key}")
+                data[k] = check_values(schema[k], v, (rows_for(schema[k], length),), f"{where} {role_key}")
     terminated, truncated = _episode_flags(episode, length, where)
     meta = check_meta(schema, episode.get("meta") or {}, where)
     missing = missing_required(schema, meta)

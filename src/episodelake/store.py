@@ -1,0 +1,187 @@
+"""One dataset root as storage: descriptor, schema, episode table and tensor context.
+
+A :class:`Store` is what the write path (:mod:`commit`), :mod:`snapshot`,
+:mod:`copy` and :mod:`maintenance` work on; :class:`~episodelake.dataset.Dataset`
+is the public face over one. :meth:`Store.create` and :meth:`Store.open` own
+the descriptor (``layout.DESCRIPTOR``): written last at creation, so its
+presence marks a complete dataset, and checked at open.
+
+The table handle is pinned to one version; :meth:`Store.refresh` moves it to
+the latest unless the store was opened at a past version (``pinned``, always
+read-only). Whoever appends to the table calls :meth:`Store.committed`, which
+tells the subscribers (:meth:`Store.on_commit`) that the version moved.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import weakref
+from collections.abc import Callable, Iterable, Mapping
+from datetime import UTC, datetime
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as pkg_version
+from typing import Any
+
+import tensorstore as ts
+from deltalake.exceptions import DeltaError
+
+from . import layout
+from .errors import ArgumentError, CorruptionError, DatasetExistsError, DatasetNotFoundError, SchemaError
+from .location import Location
+from .schema import DatasetSchema, FieldSpec
+from .table import EpisodeTable, arrow_schema, log_problems
+from .tensors import TensorArray, make_context
+
+FORMAT_VERSION = 1
+
+
+def _versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for pkg in ("episodelake", "numpy", "pyarrow", "deltalake", "tensorstore", "duckdb", "gymnasium"):
+        try:
+            out[pkg] = pkg_version(pkg)
+        except PackageNotFoundError:
+            continue
+    return out
+
+
+class Store:
+    """A dataset root: ``location``, ``descriptor``, ``schema``, the pinned ``table`` and the TensorStore ``context``.
+
+    ``durable`` turns TensorStore's fsync on; ``cache_bytes`` > 0 gives the
+    context a chunk cache of that size.
+    """
+
+    def __init__(
+        self,
+        location: Location,
+        descriptor: Mapping[str, Any],
+        table: EpisodeTable,
+        *,
+        read_only: bool = False,
+        pinned: bool = False,
+        durable: bool = False,
+        cache_bytes: int = 0,
+    ) -> None:
+        self.location = location
+        self.descriptor = dict(descriptor)
+        self.schema = DatasetSchema.from_json(descriptor["schema"])
+        self.table = table
+        self.read_only = read_only or pinned
+        self.pinned = pinned
+        self.context: ts.Context = make_context(durable=durable, cache_bytes=cache_bytes)
+        self._subscribers: list[weakref.WeakMethod[Callable[[], None]]] = []
+
+    @classmethod
+    def create(
+        cls,
+        location: Location,
+        schema: DatasetSchema,
+        *,
+        partition_by: Iterable[str] = (),
+        overwrite: bool = False,
+        durable: bool = False,
+        info: Mapping[str, Any] | None = None,
+    ) -> Store:
+        """Create an empty dataset at ``location``: the table, then the descriptor.
+
+        ``partition_by`` names scalar meta fields to hive-partition the table
+        by (:class:`SchemaError` otherwise). An existing dataset raises
+        :class:`DatasetExistsError` unless ``overwrite``, which deletes it first.
+        """
+        if not isinstance(schema, DatasetSchema):
+            raise SchemaError(f"schema must be a DatasetSchema, got {type(schema).__name__}")
+        parts = list(partition_by)
+        meta_names = {f.name for f in schema.meta_fields}
+        for p in parts:
+            if p not in meta_names:
+                raise SchemaError(f"partition_by {p!r} is not a meta field ({sorted(meta_names)})")
+            if schema[p].shape != ():
+                raise SchemaError(f"partition_by {p!r} must be a scalar meta field")
+        if location.exists(layout.DESCRIPTOR):
+            if not overwrite:
+                raise DatasetExistsError(
+                    f"a dataset already exists at {location.url}; pass overwrite=True to replace it"
+                )
+            location.fs.rm(location.path, recursive=True)
+        descriptor = {
+            "format": "episodelake",
+            "format_version": FORMAT_VERSION,
+            "schema": schema.to_json(),
+            "partition_by": parts,
+            "tensor_layout": {"format": "zarr3", "sharded": not location.is_local, "root": layout.TENSOR_ROOT},
+            "created_at": datetime.now(UTC).isoformat(),
+            "info": dict(info or {}),
+            "versions": _versions(),
+        }
+        table = EpisodeTable.create(location, arrow_schema(schema), parts)
+        # The descriptor is written last: its presence marks a complete dataset.
+        location.write_text_atomic(json.dumps(descriptor, indent=2), layout.DESCRIPTOR)
+        return cls(location, descriptor, table, durable=durable)
+
+    @classmethod
+    def open(
+        cls, location: Location, version: int | None = None, *, read_only: bool = False, cache_bytes: int = 0
+    ) -> Store:
+        """Open the dataset at ``location``, at table ``version`` (None: the latest; else pinned and read-only).
+
+        Raises :class:`DatasetNotFoundError` without a valid descriptor,
+        :class:`ArgumentError` for a bad or unknown version and
+        :class:`CorruptionError` naming the log entries that do not parse when
+        the table log cannot be read.
+        """
+        if not location.exists(layout.DESCRIPTOR):
+            raise DatasetNotFoundError(f"no episodelake dataset at {location.url} (missing {layout.DESCRIPTOR})")
+        where = location.child_url(layout.DESCRIPTOR)
+        try:
+            descriptor = json.loads(location.read_text(layout.DESCRIPTOR))
+        except json.JSONDecodeError as exc:
+            raise DatasetNotFoundError(f"{where} is not valid JSON: {exc}") from exc
+        if descriptor.get("format") != "episodelake" or descriptor.get("format_version") != FORMAT_VERSION:
+            raise DatasetNotFoundError(f"{where} is not an episodelake v{FORMAT_VERSION} descriptor")
+        if version is not None and (not isinstance(version, int) or version < 0):
+            raise ArgumentError(f"version must be a non-negative int, got {version!r}")
+        try:
+            table = EpisodeTable.open(location, version)
+        except DeltaError as exc:  # the log itself is damaged: name the entries that do not parse
+            bad = "; ".join(f"{path}: {what}" for path, what in log_problems(location)) or "no unparseable entry found"
+            raise CorruptionError(f"episode table log at {location.delta_uri()} cannot be read ({bad}): {exc}") from exc
+        return cls(
+            location, descriptor, table, read_only=read_only, pinned=version is not None, cache_bytes=cache_bytes
+        )
+
+    @property
+    def version(self) -> int:
+        """The table version this store is pinned to."""
+        return self.table.version
+
+    def refresh(self) -> None:
+        """Move to the latest committed version (nothing at a pinned past version)."""
+        if not self.pinned:
+            self.table.refresh()
+
+    def writer_names(self) -> set[str]:
+        """Writers (8 hex digits) that have episodes in the pinned version."""
+        return set(self.table.read(["writer"]).column("writer").to_pylist())
+
+    def new_array(self, writer: str, field: FieldSpec) -> TensorArray:
+        """The writing side of ``writer``'s rows of ``field`` (see :meth:`TensorArray.create`)."""
+        return TensorArray.create(self.location, writer, field, self.context)
+
+    def open_array(self, writer: str, field: FieldSpec, commit: int = 0, read_only: bool = True) -> TensorArray:
+        """One existing array of ``writer``'s rows of ``field`` (``commit`` 0: its single array)."""
+        return TensorArray.open(self.location, writer, field, self.context, read_only=read_only, commit=commit)
+
+    def on_commit(self, callback: Callable[[], None]) -> None:
+        """Call the bound method ``callback`` after each commit through this store (held weakly)."""
+        self._subscribers.append(weakref.WeakMethod(callback))
+
+    def committed(self) -> None:
+        """Record that rows were appended to the table (its handle already moved): notify the subscribers."""
+        for ref in list(self._subscribers):
+            callback = ref()
+            if callback is None:
+                self._subscribers.remove(ref)
+            else:
+                callback()
