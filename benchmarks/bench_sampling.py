@@ -177,9 +177,8 @@ class EpisodeLake(System):
             batching.ChunkFiles.probe = classmethod(lambda cls, directory, field: None)
             try:
                 stream = ds.segment_stream(sequence_length=L, batch_size=B, seed=0, prefetch=0)
-                stream._build.reader._tensor["observation/camera"].sources(
-                    stream._build.reader.lengths + 1, forked=False
-                )
+                camera = stream._build.reader._tensor["observation/camera"]
+                camera.sources(np.arange(len(camera.arrays)), stream._build.reader.lengths + 1)
             finally:
                 batching.ChunkFiles.probe = probe
             return stream.sample
