@@ -174,7 +174,7 @@ class EpisodeLake(System):
         if self.mode == "tensorstore":
             # benchmark-only: disable the memory-mapped chunk path to time the TensorStore one
             probe = batching.ChunkFiles.probe
-            batching.ChunkFiles.probe = classmethod(lambda cls, directory, field: None)
+            batching.ChunkFiles.probe = classmethod(lambda cls, loc, writer, field: None)
             try:
                 stream = ds.segment_stream(sequence_length=L, batch_size=B, seed=0, prefetch=0)
                 camera = stream._build.reader._tensor["observation/camera"]

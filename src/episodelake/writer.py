@@ -171,7 +171,7 @@ class EpisodeWriter:
             for k, v in split_role(schema, role, by_role[role], where).items():
                 checked[k] = check_values(schema[k], v, (), where)
         terminated, truncated = check_flags(step.get("terminated", False), step.get("truncated", False), where)
-        return checked, terminated, truncated, check_meta(schema, meta or {}, where)
+        return checked, terminated, truncated, check_meta(schema, meta, where) if meta else {}
 
     def _apply(
         self, checked: Mapping[str, np.ndarray], terminated: bool, truncated: bool, meta: Mapping[str, Any]

@@ -27,7 +27,7 @@ import os
 import signal
 import sys
 
-from tests.workers.common import crash_schema, episode
+from tests.workers.common import crash_schema, episode, write_stepwise
 
 import episodelake as el
 from episodelake import table
@@ -40,24 +40,8 @@ def schema() -> el.DatasetSchema:
 
 
 def record(ds: el.Dataset, seed: int, index: int, outcome: bool = True) -> None:
-    raw = episode(seed, index)
-    meta = {k: v for k, v in raw.meta.items() if k != "success"}
-    w = ds.new_episode({k: v[0] for k, v in raw.obs.items()}, **meta)
-    for t in range(raw.length):
-        last = t == raw.length - 1
-        w.add_step(
-            {
-                "observations": {k: v[t + 1] for k, v in raw.obs.items()},
-                "actions": raw.action["action"][t],
-                "rewards": raw.reward[t],
-                "terminated": raw.terminated and last,
-                "truncated": raw.truncated and last,
-            }
-        )
-    if not w.done:
-        w.finish()
-    if outcome:
-        w.meta["success"] = raw.meta["success"]  # the outcome, known after the last step
+    """Record ``episode(seed, index)``; its ``success`` outcome is set after the last step (if ``outcome``)."""
+    write_stepwise(ds, episode(seed, index), held=("success",), set_held=outcome)
 
 
 def run(args: argparse.Namespace) -> el.Dataset:

@@ -38,9 +38,13 @@ def episode(seed: int, index: int) -> RawEpisode:
     return raw
 
 
-def write_stepwise(ds: el.Dataset, raw: RawEpisode) -> None:
-    """Record ``raw`` through new_episode/add_step, as a collection loop would."""
-    w = ds.new_episode({k: v[0] for k, v in raw.obs.items()}, **raw.meta)
+def write_stepwise(ds: el.Dataset, raw: RawEpisode, held: tuple[str, ...] = (), set_held: bool = True) -> None:
+    """Record ``raw`` through new_episode/add_step, as a collection loop would.
+
+    Meta named in ``held`` (outcomes) is set only after the last step, as by a
+    loop that learns the outcome at the end; ``set_held=False`` leaves it unset.
+    """
+    w = ds.new_episode({k: v[0] for k, v in raw.obs.items()}, **{k: v for k, v in raw.meta.items() if k not in held})
     for t in range(raw.length):
         last = t == raw.length - 1
         w.add_step(
@@ -54,6 +58,9 @@ def write_stepwise(ds: el.Dataset, raw: RawEpisode) -> None:
         )
     if not w.done:
         w.finish()
+    if set_held:
+        for key in held:
+            w.meta[key] = raw.meta[key]
 
 
 def assert_matches(ds: el.Dataset, pos: int, raw: RawEpisode) -> None:
