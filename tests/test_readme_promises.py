@@ -347,3 +347,19 @@ def test_demo_on_s3_with_options(s3_server, s3_url, capsys):
     assert f"into {s3_url}" in capsys.readouterr().out
     ds = el.Dataset.open(s3_url, storage_options=opts)
     assert len(ds) == 3 and ds.validate().ok
+
+
+def test_stats_need_no_pass_over_the_tensors(tmp_path):
+    """README: statistics of any subset come from the commit-time statistics, "without a pass over the tensors"."""
+    import shutil
+
+    from .test_query import assert_stats_equal
+
+    path = str(tmp_path / "ds")
+    raws = build_robot_dataset(path, seed=5, episodes=12, per_commit=4, max_length=30)
+    shutil.rmtree(os.path.join(path, "tensors"))  # no tensor byte left to read
+    ds = el.Dataset.open(path, read_only=True)
+    assert_stats_equal(ds.stats(), raws)
+    assert_stats_equal(ds.where("task = 'pick'").stats(), [r for r in raws if r.meta["task"] == "pick"])
+    with pytest.raises(el.CorruptionError):  # the tensors really are gone
+        ds.episode(0).read()
