@@ -48,7 +48,6 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from . import layout
 from .episode import rows_for
@@ -58,7 +57,7 @@ from .schema import DatasetSchema, FieldSpec, from_storage
 from .snapshot import flatten_lists
 from .stats import STAT_PARTS, episode_stats, has_stats, stat_column
 from .store import Store
-from .table import arrow_schema, log_entries, log_problems
+from .table import arrow_schema, log_entries, log_problems, read_table_file
 from .tensors import (
     COMMIT_SHIFT,
     ROW_MASK,
@@ -171,8 +170,7 @@ def _read_table_file(store: Store, path: str, add: dict[str, Any], report: Valid
     if size != add["size_bytes"]:
         report.problems.append(Problem("table-file", f"{size} bytes, the log says {add['size_bytes']}", file=path))
     try:
-        with loc.fs.open(path, "rb") as fh:
-            tbl = pq.read_table(fh)
+        tbl = read_table_file(loc, path)
     except (OSError, pa.ArrowException) as exc:
         report.problems.append(Problem("table-file", f"unreadable Parquet: {exc}", file=path))
         return None
@@ -351,8 +349,7 @@ def _referenced_rows(store: Store, doomed: set[str]) -> Runs:
         if path in doomed:
             continue
         try:
-            with loc.fs.open(path, "rb") as fh:
-                tbl = pq.read_table(fh, columns=columns)
+            tbl = read_table_file(loc, path, columns)
         except (OSError, pa.ArrowException) as exc:
             raise CorruptionError(f"{path}: unreadable table file, tensors left untouched: {exc}") from exc
         writers = tbl["writer"].to_numpy(zero_copy_only=False)

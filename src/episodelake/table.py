@@ -232,6 +232,16 @@ def log_entries(loc: Location) -> list[str]:
     return sorted(loc.fs.glob(loc.child(*layout.log_parts(), layout.LOG_ENTRY_PATTERN)))
 
 
+def read_table_file(loc: Location, path: str, columns: list[str] | None = None) -> pa.Table:
+    """One Parquet file, read whole in this thread and decoded from memory.
+
+    Handing Arrow a Python file object lets Arrow's IO threads call back into
+    Python (read-ahead); one still doing so when the interpreter exits aborts
+    the process ("terminate called without an active exception").
+    """
+    return pq.read_table(pa.BufferReader(loc.fs.cat_file(path)), columns=columns)
+
+
 def log_problems(loc: Location) -> list[tuple[str, str]]:
     """``(path, what is wrong)`` of each unparseable log entry (not one JSON action per line) and checkpoint."""
     out: list[tuple[str, str]] = []
@@ -245,8 +255,7 @@ def log_problems(loc: Location) -> list[tuple[str, str]]:
             out.append((path, f"commit entry is not valid JSON: {exc}"))
     for path in sorted(loc.fs.glob(loc.child(*layout.log_parts(), layout.CHECKPOINT_PATTERN))):
         try:
-            with loc.fs.open(path, "rb") as fh:
-                pq.read_metadata(fh)
+            pq.read_metadata(pa.BufferReader(loc.fs.cat_file(path)))
         except (OSError, pa.ArrowException) as exc:
             out.append((path, f"checkpoint unreadable: {exc}"))
     return out
