@@ -120,11 +120,8 @@ def check_episode(ref_ep, seg, schema):
     assert not seg.terminated[:-1].any() and not seg.truncated[:-1].any()
 
 
-@pytest.mark.parametrize("env_id", ENVS)
-def test_record_episodes_matches_hand_stepped_env(env_id, tmp_path):
-    seeds = [11, None, 7]
-    plan = action_plan(env_id, len(seeds))
-    env = RecordEpisodes(make(env_id), str(tmp_path / "ds"), meta=lambda ctx: {"seed": ctx["seed"]})
+def play(env, seeds, plan) -> None:
+    """Run each planned episode (reset with its seed, then its actions until it ends), then close the env."""
     for seed, actions in zip(seeds, plan, strict=True):
         env.reset(seed=seed)
         for a in actions:
@@ -132,6 +129,14 @@ def test_record_episodes_matches_hand_stepped_env(env_id, tmp_path):
             if te or tr:
                 break
     env.close()
+
+
+@pytest.mark.parametrize("env_id", ENVS)
+def test_record_episodes_matches_hand_stepped_env(env_id, tmp_path):
+    seeds = [11, None, 7]
+    plan = action_plan(env_id, len(seeds))
+    env = RecordEpisodes(make(env_id), str(tmp_path / "ds"), meta=lambda ctx: {"seed": ctx["seed"]})
+    play(env, seeds, plan)
     # the unseeded middle episode continues the env's RNG: reproduce the whole sequence in one env
     ref = run_reference(env_id, seeds, plan)
 
@@ -335,13 +340,7 @@ def test_record_info_keys_and_outcome_match_plain_loop(declared, tmp_path):
     else:  # the types come from the first step's info: the dataset is created then
         with pytest.raises(el.EpisodeStateError, match="first step"):
             rec.dataset  # noqa: B018
-    for seed, actions in zip(seeds, plan, strict=True):
-        rec.reset(seed=seed)
-        for a in actions:
-            _, _, te, tr, _ = rec.step(a)
-            if te or tr:
-                break
-    rec.close()
+    play(rec, seeds, plan)
     ref = reach_plain_loop(seeds, plan)
     ds = el.Dataset.open(str(tmp_path / "ds"))
     successes = [infos[-1]["is_success"] for _, infos in ref]
