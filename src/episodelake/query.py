@@ -32,6 +32,7 @@ They are loaded once per snapshot into a flat in-memory table in episode order
 
 from __future__ import annotations
 
+import atexit
 import threading
 import weakref
 from collections.abc import Callable, Iterable
@@ -154,6 +155,15 @@ class _SnapshotSQL:
 
 _STATE: weakref.WeakKeyDictionary[Snapshot, _SnapshotSQL] = weakref.WeakKeyDictionary()
 _STATE_LOCK = threading.Lock()
+
+
+@atexit.register
+def _close_databases_at_exit() -> None:
+    """Close every snapshot's DuckDB database before the interpreter tears down (its threads with it)."""
+    with _STATE_LOCK:
+        states = list(_STATE.values())
+    for st in states:
+        st.db.close()
 
 
 def _state(snap: Snapshot) -> _SnapshotSQL:

@@ -13,8 +13,11 @@ Readers of a snapshot see exactly the episodes of its version.
 
 from __future__ import annotations
 
+import atexit
+import gc
 import os
 import threading
+import weakref
 import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from functools import cached_property
@@ -100,6 +103,23 @@ class LazyIndex(Mapping[str, np.ndarray]):
         self._lock = threading.Lock()
 
 
+_LIVE: weakref.WeakSet[Snapshot] = weakref.WeakSet()
+
+
+@atexit.register
+def _release_arrow_at_exit() -> None:
+    """Drop every snapshot's Arrow dataset and collect, while Arrow and the interpreter are fully alive.
+
+    Left to the interpreter's final teardown, Arrow's scan machinery can be
+    destroyed after its thread pools, and the process aborts ("terminate
+    called without an active exception"). A snapshot used later reopens its
+    dataset on demand.
+    """
+    for snap in list(_LIVE):
+        snap._dataset = None
+    gc.collect()
+
+
 class Snapshot:
     """Episodes of one table version, in stable order. Thread-safe lazy loading.
 
@@ -124,6 +144,7 @@ class Snapshot:
         self._arrays_pid = os.getpid()
         self._verified: set[tuple[str, int]] = set()
         self.window_reader: Any = None  # the batch reader, built once by batching.reader_for (pickled along)
+        _LIVE.add(self)
 
     def __getstate__(self) -> dict[str, Any]:
         # Worker processes get the loaded NumPy caches; the Arrow dataset, the
@@ -138,6 +159,7 @@ class Snapshot:
         self._dataset = None
         self._context = None  # made on first tensor read (a forked process reads without TensorStore)
         self._lock = threading.Lock()
+        _LIVE.add(self)
         self._arrays = {}
         self._arrays_pid = os.getpid()
 
