@@ -197,11 +197,26 @@ def test_failed_import_leaves_nothing(tmp_path):
     data["next_observations"][50, 0] += 1.0  # fails in the last episode, after earlier commits
     dst = tmp_path / "ds"
     with pytest.raises(el.ValidationError, match="row 50"):
-        import_dataset("d4rl", data, str(dst), commit_episodes=1)
+        import_dataset("d4rl", data, str(dst), commit_bytes=1)  # one commit per episode before the bad one
     assert not dst.exists()
     with pytest.raises(el.ValidationError, match="rows"):
         import_dataset("d4rl", {**data, "rewards": data["rewards"][:-1]}, str(dst))
     assert not dst.exists()
+
+
+def test_import_commits_once_per_batch(tmp_path):
+    rows = 3_000
+    data = {
+        "observations": np.arange(rows * 2, dtype=np.float32).reshape(rows, 2),
+        "actions": np.zeros((rows, 1), np.float32),
+        "rewards": np.ones(rows, np.float32),
+        "terminals": np.arange(rows) % 3 == 2,  # 1,000 three-row episodes
+    }
+    ds = import_dataset("d4rl", data, str(tmp_path / "one"))
+    assert len(ds) == 1_000 and ds.version == 1  # one table commit after the create
+    # commit_bytes bounds a batch: each episode (3 transitions, 4 observation rows) holds 4*8 + 3*4 + 3*4 = 56 bytes
+    ds = import_dataset("d4rl", data, str(tmp_path / "many"), commit_bytes=56 * 100)
+    assert len(ds) == 1_000 and ds.version == 10  # batches of 100 episodes
 
 
 @settings(max_examples=200, deadline=None)

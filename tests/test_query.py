@@ -197,6 +197,49 @@ def test_sql_params(robot_dataset, raw_episodes):
     assert got == sum(r.length > 5 and r.meta["task"] == "place" for r in raw_episodes)
 
 
+def test_where_binds_parameters(robot_dataset, raw_episodes):
+    view = robot_dataset.where("task = ? AND length > ?", ["pick", 5])
+    assert view.episode_ids.tolist() == ids_where(
+        robot_dataset, raw_episodes, lambda r: r.meta["task"] == "pick" and r.length > 5
+    )
+    named = robot_dataset.where("task = $task AND NOT success", {"task": "place"})
+    assert named.episode_ids.tolist() == ids_where(
+        robot_dataset, raw_episodes, lambda r: r.meta["task"] == "place" and not r.meta["success"]
+    )
+    # a view binds too and stays within itself
+    short = view.where("length <= ?", [20])
+    assert short.episode_ids.tolist() == ids_where(
+        robot_dataset, raw_episodes, lambda r: r.meta["task"] == "pick" and 5 < r.length <= 20
+    )
+    # a bound value is a value, never SQL
+    assert len(robot_dataset.where("task = ?", ["pick' OR true --"])) == 0
+    ids = robot_dataset.episode_ids[::2].tolist()
+    assert robot_dataset.where("list_contains(?, episode_id)", [ids]).episode_ids.tolist() == ids
+    picked = robot_dataset.select_episodes("SELECT episode_id FROM episodes WHERE list_contains(?, episode_id)", [ids])
+    assert picked.episode_ids.tolist() == ids
+    for predicate, params in (("length > ?", None), ("length > ?", [1, 2]), ("length > $n", {"m": 1})):
+        with pytest.raises(el.QueryError, match="where"):
+            robot_dataset.where(predicate, params)
+
+
+@pytest.mark.parametrize(
+    ("predicate", "keep"),
+    [
+        ('"stats/reward/count" > 10', lambda r: r.length > 10),  # statistics are not among the in-memory columns
+        ('len("observation/state") > 10', lambda r: r.length + 1 > 10),  # nor are per-step lists
+        ("episode_id IN (SELECT episode_id FROM steps WHERE reward > 0.5)", lambda r: (r.reward > 0.5).any()),
+        ("{'n': length}.n > 10", lambda r: r.length > 10),  # braces are SQL, not a format string
+        ("length > 10 -- a trailing comment", lambda r: r.length > 10),
+    ],
+)
+def test_where_over_any_column_of_episodes(robot_dataset, raw_episodes, predicate, keep):
+    assert robot_dataset.where(predicate).episode_ids.tolist() == ids_where(robot_dataset, raw_episodes, keep)
+    pick = robot_dataset.where("task = 'pick'")
+    assert pick.where(predicate).episode_ids.tolist() == ids_where(
+        robot_dataset, raw_episodes, lambda r: r.meta["task"] == "pick" and keep(r)
+    )
+
+
 def test_stats_match_numpy(robot_dataset, raw_episodes):
     assert_stats_equal(robot_dataset.stats(), raw_episodes)
     view = robot_dataset.where("task = 'place'")

@@ -5,6 +5,7 @@ transition-aligned sampler. ``import episodelake as el``.
 """
 
 from .batch import SegmentBatch as Batch
+from .concat import concat
 from .dataset import Dataset, DatasetView, EpisodeRef
 from .errors import (
     ArgumentError,
@@ -23,6 +24,8 @@ from .errors import (
     StreamStoppedError,
     ValidationError,
 )
+from .retention import Capacity
+from .samplers import PrioritizedSampler
 from .schema import DatasetSchema, FieldSpec, infer_schema, schema_from_gym_spaces
 from .segments import RoleView, Segment
 from .writer import EpisodeWriter, VectorEpisodeWriter
@@ -32,6 +35,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ArgumentError",
     "Batch",
+    "Capacity",
     "CommitConflictError",
     "CorruptionError",
     "Dataset",
@@ -47,6 +51,7 @@ __all__ = [
     "ForkedProcessError",
     "LocationError",
     "MissingDependencyError",
+    "PrioritizedSampler",
     "QueryError",
     "ReadOnlyError",
     "RoleView",
@@ -55,6 +60,7 @@ __all__ = [
     "StreamStoppedError",
     "ValidationError",
     "VectorEpisodeWriter",
+    "concat",
     "infer_schema",
     "schema_from_gym_spaces",
 ]

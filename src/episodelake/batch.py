@@ -12,6 +12,11 @@ padding slot adjacent to the real run show the neighbouring real observation.
 
 :class:`Transitions` holds single transitions (time axis removed) as built by
 :mod:`episodelake.transitions`, which documents its fields.
+
+Prioritized draws (``priority=``) set ``indices`` (``[B]`` int64: the
+sampler's slots, to hand back to ``update_priorities``) and ``weights``
+(``[B]`` float32 importance weights); otherwise both are None. ``map(fn)``
+converts ``weights`` and keeps ``indices`` as NumPy.
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ class SegmentBatch(Segment):
     """
 
     context_length: int | None = None
+    indices: np.ndarray | None = None
+    weights: Any = None
 
     @classmethod
     def wrap(cls, seg: Segment, context_length: int | None = None) -> SegmentBatch:
@@ -79,7 +86,9 @@ class SegmentBatch(Segment):
         return self.time_slice(self._split_at(), len(self))
 
     def map(self, fn: Callable[[Any], Any]) -> SegmentBatch:
-        return SegmentBatch.wrap(super().map(fn), self.context_length)
+        out = SegmentBatch.wrap(super().map(fn), self.context_length)
+        out.indices, out.weights = self.indices, None if self.weights is None else fn(self.weights)
+        return out
 
 
 def collate(items: Segment | Sequence[Segment]) -> SegmentBatch:
@@ -141,13 +150,22 @@ class Transitions:
     """A batch of single transitions (see module docstring). Fields are ``[B, ...]``."""
 
     def __init__(
-        self, schema: DatasetSchema, buffers: dict[str, Any], history: int, horizon: int, next_at: int
+        self,
+        schema: DatasetSchema,
+        buffers: dict[str, Any],
+        history: int,
+        horizon: int,
+        next_at: int,
+        indices: np.ndarray | None = None,
+        weights: Any = None,
     ) -> None:
         self.schema = schema
         self.buffers = buffers
         self.history = history
         self.horizon = horizon
         self.next_at = next_at  # row of the observation buffers where next_obs starts
+        self.indices = indices
+        self.weights = weights
 
     def _role(self, role: str, sel: Any) -> Any:
         fields = self.schema.role_fields(role_of(role))
@@ -205,7 +223,13 @@ class Transitions:
     def map(self, fn: Callable[[Any], Any]) -> Transitions:
         """A new batch with ``fn`` applied once to every underlying buffer."""
         return Transitions(
-            self.schema, {k: fn(v) for k, v in self.buffers.items()}, self.history, self.horizon, self.next_at
+            self.schema,
+            {k: fn(v) for k, v in self.buffers.items()},
+            self.history,
+            self.horizon,
+            self.next_at,
+            self.indices,
+            None if self.weights is None else fn(self.weights),
         )
 
     def __repr__(self) -> str:

@@ -10,11 +10,12 @@ fields have a value when an episode is handed over. Errors are
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
 
-from .episode import FinishedEpisode, rows_for
+from .episode import EpisodeBatch, FinishedEpisode, rows_for
 from .errors import ValidationError
 from .schema import EPISODE_KEYS, STRING_LIMIT, DatasetSchema, FieldSpec, flatten_role
 
@@ -82,20 +83,20 @@ def check_meta(schema: DatasetSchema, meta: Mapping[str, Any], where: str) -> di
     unknown = sorted(set(meta) - set(fields))
     if unknown:
         raise ValidationError(f"{where}: unknown meta field(s) {unknown}; schema has {sorted(fields)}")
-    out: dict[str, Any] = {}
-    for name, value in meta.items():
-        f = fields[name]
-        if value is None:
-            out[name] = None
-        elif f.np_dtype.kind == "U":
-            if not isinstance(value, str):
-                raise ValidationError(f"{where}: meta field {name!r} must be str, got {type(value).__name__}")
-            if len(value.encode()) > STRING_LIMIT:
-                raise ValidationError(f"{where}: meta field {name!r} is longer than {STRING_LIMIT} bytes")
-            out[name] = value
-        else:
-            out[name] = check_values(f, value, (), where)
-    return out
+    return {name: meta_value(fields[name], value, where) for name, value in meta.items()}
+
+
+def meta_value(f: FieldSpec, value: Any, where: str) -> Any:
+    """One checked meta value of ``f`` (None stays None)."""
+    if value is None:
+        return None
+    if f.np_dtype.kind == "U":
+        if not isinstance(value, str):
+            raise ValidationError(f"{where}: meta field {f.name!r} must be str, got {type(value).__name__}")
+        if len(value.encode()) > STRING_LIMIT:
+            raise ValidationError(f"{where}: meta field {f.name!r} is longer than {STRING_LIMIT} bytes")
+        return value
+    return check_values(f, value, (), where)
 
 
 def missing_required(schema: DatasetSchema, meta: Mapping[str, Any]) -> tuple[str, ...]:
@@ -117,6 +118,36 @@ def check_flags(terminated: Any, truncated: Any, where: str) -> tuple[bool, bool
     return flags[0], flags[1]
 
 
+_MISSING: Any = object()
+
+
+def with_default_rows(schema: DatasetSchema, role: str, value: Any, length: int | np.ndarray) -> Any:
+    """A whole episode's (or batch's) ``value`` of ``role`` with declared defaults filled in for omitted fields.
+
+    A field with ``FieldSpec(default=...)`` that the value omits gets its
+    default on every row (``rows_for(field, length)`` rows; ``length`` may be
+    an array of episode lengths: their total). ``value`` is ``_MISSING`` when
+    the role is omitted: filled only when every field of the role has a
+    default. Anything else is returned for :func:`split_role` to judge.
+    """
+    fields = schema.role_fields(role)
+    defaults = {f.name: f for f in fields if f.default_value is not None}
+    if not defaults or not (value is _MISSING or isinstance(value, Mapping)):
+        return value
+    if value is _MISSING:
+        if len(defaults) < len(fields):
+            return value
+        value = {}
+    given = flatten_role(value)
+    steps = np.asarray(length, dtype=np.int64)
+    filled = {
+        name: np.broadcast_to(np.asarray(f.default_value), (int(rows_for(f, steps).sum()), *f.shape))
+        for name, f in defaults.items()
+        if name not in given
+    }
+    return {**filled, **given}
+
+
 def episode_from_dict(schema: DatasetSchema, episode: Mapping[str, Any], where: str) -> FinishedEpisode:
     """Validate one episode in dict form (see :meth:`Dataset.from_episodes`)."""
     known = {"initial_observation", "terminated", "truncated", "meta", *EPISODE_KEYS}
@@ -135,9 +166,10 @@ def episode_from_dict(schema: DatasetSchema, episode: Mapping[str, Any], where: 
         fields = schema.role_fields(role)
         if not fields:
             continue
-        if role_key not in episode:
+        value = with_default_rows(schema, role, episode.get(role_key, _MISSING), length)
+        if value is _MISSING:
             raise ValidationError(f"{where}: missing {role_key}")
-        values = split_role(schema, role, episode[role_key], where)
+        values = split_role(schema, role, value, where)
         if role == "observation" and "initial_observation" in episode:
             init = split_role(schema, role, episode["initial_observation"], f"{where} initial observation")
             for k, v in values.items():
@@ -169,3 +201,119 @@ def _episode_flags(episode: Mapping[str, Any], length: int, where: str) -> tuple
             value = value[-1]
         flags.append(value)
     return check_flags(flags[0], flags[1], where)
+
+
+def batch_from_columns(schema: DatasetSchema, columns: Mapping[str, Any], lengths: Any) -> EpisodeBatch:
+    """Validate episodes given as concatenated columns (see :meth:`Dataset.append_episodes`), vectorized.
+
+    ``lengths[i]`` is episode ``i``'s number of transitions; each role holds
+    every episode's rows one after the other (``rows_for(field, lengths)``
+    rows per episode: observations ``T + 1``). ``terminated``/``truncated``
+    are one bool per episode (or one for all), ``meta`` maps a field to one
+    value per episode (None: NULL). Errors name the episode (and step) and
+    the field; nothing is returned until everything passed.
+    """
+    n_lengths = check_lengths(lengths)
+    n = len(n_lengths)
+    known = {"terminated", "truncated", "meta", *EPISODE_KEYS}
+    unknown = sorted(set(columns) - known)
+    if unknown:
+        raise ValidationError(f"episode columns: unknown key(s) {unknown}; expected {sorted(known)}")
+    data: dict[str, np.ndarray] = {}
+    for role_key, role in EPISODE_KEYS.items():
+        if not schema.role_fields(role):
+            continue
+        value = with_default_rows(schema, role, columns.get(role_key, _MISSING), n_lengths)
+        if value is _MISSING:
+            raise ValidationError(f"episode columns: missing {role_key}")
+        for k, v in split_role(schema, role, value, "episode columns").items():
+            data[k] = _check_rows(schema[k], v, n_lengths, role_key)
+    flags = [_batch_flag(columns.get(name, False), n, name) for name in ("terminated", "truncated")]
+    both = np.flatnonzero(flags[0] & flags[1])
+    if both.size:
+        raise ValidationError(f"episode {both[0]}: terminated and truncated are both set")
+    meta = _meta_columns(schema, columns.get("meta") or {}, n)
+    now = np.datetime64(datetime.now(UTC).replace(tzinfo=None), "us")
+    return EpisodeBatch(data, n_lengths, flags[0], flags[1], meta, np.full(n, now))
+
+
+def check_lengths(lengths: Any) -> np.ndarray:
+    """Episode lengths as int64 [n], every one at least 1 (ValidationError naming the first bad episode)."""
+    arr = np.asarray(lengths)
+    if arr.ndim != 1 or arr.dtype.kind not in "iu":
+        raise ValidationError(f"lengths must be a 1-D integer array (one per episode), got {arr.dtype} {arr.shape}")
+    bad = np.flatnonzero(arr < 1)
+    if bad.size:
+        raise ValidationError(f"episode {bad[0]}: length {arr[bad[0]]}; an episode needs at least one step")
+    return arr.astype(np.int64)
+
+
+def _check_rows(f: FieldSpec, value: Any, lengths: np.ndarray, role_key: str) -> np.ndarray:
+    """``check_values`` over all episodes' rows at once; on failure, the error names the first bad episode."""
+    starts = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(rows_for(f, lengths), out=starts[1:])
+    arr = np.asarray(value)
+    if arr.shape[:1] != (starts[-1],):
+        raise ValidationError(
+            f"episode columns: {role_key} field {f.key!r} has {arr.shape[:1]} rows, the lengths need {starts[-1]} "
+            f"({'T + 1' if rows_for(f, 0) else 'T'} per episode)"
+        )
+    try:
+        return np.ascontiguousarray(check_values(f, arr, (int(starts[-1]),), "episode columns"))
+    except ValidationError:
+        # find the first episode that fails on its own, for an error naming it and its step
+        for i in range(len(lengths)):
+            check_values(f, arr[starts[i] : starts[i + 1]], (int(starts[i + 1] - starts[i]),), f"episode {i}")
+        raise
+
+
+def _batch_flag(value: Any, n: int, name: str) -> np.ndarray:
+    arr = np.asarray(value)
+    if arr.ndim == 0:
+        arr = np.full(n, arr)
+    if arr.shape != (n,) or arr.dtype.kind not in "bui" or (arr.dtype.kind != "b" and not np.isin(arr, (0, 1)).all()):
+        raise ValidationError(f"episode columns: {name} must be a bool or {n} bools (one per episode)")
+    return arr.astype(bool)
+
+
+def _meta_columns(schema: DatasetSchema, meta: Mapping[str, Any], n: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Meta values, one per episode (None: NULL), as ``(values, valid)`` per field; required ones present."""
+    fields = {f.name: f for f in schema.meta_fields}
+    unknown = sorted(set(meta) - set(fields))
+    if unknown:
+        raise ValidationError(f"episode columns: unknown meta field(s) {unknown}; schema has {sorted(fields)}")
+    out = {}
+    for f in schema.meta_fields:
+        given = meta.get(f.name)
+        if given is None:
+            values, valid = _empty_meta(f, n), np.zeros(n, dtype=bool)
+        else:
+            if len(given) != n:
+                raise ValidationError(
+                    f"episode columns: meta field {f.name!r} has {len(given)} values for {n} episodes"
+                )
+            values, valid = _meta_values(f, given, n)
+        if f.required and not valid.all():
+            raise ValidationError(f"episode {np.flatnonzero(~valid)[0]}: missing required meta field(s) {[f.name]}")
+        out[f.name] = (values, valid)
+    return out
+
+
+def _empty_meta(f: FieldSpec, n: int) -> np.ndarray:
+    return np.full(n, "", dtype=object) if f.np_dtype.kind == "U" else np.zeros((n, *f.shape), f.np_dtype)
+
+
+def _meta_values(f: FieldSpec, given: Any, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(values, valid)`` of one meta field's per-episode values: one vectorized check when none is None."""
+    if f.np_dtype.kind != "U" and (isinstance(given, np.ndarray) or all(v is not None for v in given)):
+        try:
+            return check_values(f, given, (n,), "episode columns meta"), np.ones(n, dtype=bool)
+        except ValidationError:
+            for i in range(n):  # name the first bad episode
+                meta_value(f, given[i], f"episode {i}")
+            raise
+    valid = np.array([v is not None for v in given], dtype=bool)
+    values = _empty_meta(f, n)
+    for i in np.flatnonzero(valid).tolist():
+        values[i] = meta_value(f, given[i], f"episode {i}")
+    return values, valid

@@ -156,6 +156,21 @@ def cmd_vacuum(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_delete(args: argparse.Namespace) -> int:
+    """Remove the episodes matching ``--where`` (or every episode with ``--all``) in one commit."""
+    from .dataset import Dataset
+
+    if (args.where is None) == (not args.all):
+        args.parser.error("give --where PREDICATE or --all, exactly one")
+    ds = Dataset.open(args.path, storage_options=args.options)
+    removed = ds.clear() if args.all else ds.delete(where=args.where)
+    if args.json:
+        print(json.dumps({"deleted": removed, "version": ds.version}))
+    else:
+        print(f"deleted {removed} episodes; version {ds.version} (older versions keep them until vacuum)")
+    return 0
+
+
 def cmd_plot(args: argparse.Namespace) -> int:
     from .plots import episode_histograms
 
@@ -373,6 +388,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--retention-hours", type=float, default=168.0, help="keep anything newer (default 168)")
     options(p)
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+
+    p = command("delete", cmd_delete, "remove episodes matching a SQL predicate, in one commit")
+    p.add_argument("path", help="dataset path or URL")
+    p.add_argument("--where", default=None, help="SQL predicate over the episodes view, e.g. \"return < 0\"")
+    p.add_argument("--all", action="store_true", help="remove every episode (clear)")
+    options(p)
+    p.add_argument("--json", action="store_true", help='print {"deleted": N, "version": V}')
 
     p = command("plot", cmd_plot, "write return and length histograms of a dataset to an image (png, svg, pdf)")
     p.add_argument("path", help="dataset path or URL")

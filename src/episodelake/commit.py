@@ -34,7 +34,6 @@ import signal
 import sys
 import threading
 import time
-import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
@@ -42,11 +41,12 @@ from typing import Any, Protocol
 import numpy as np
 import pyarrow as pa
 
-from .episode import FinishedEpisode
+from .episode import EpisodeBatch, FinishedEpisode, batch_of, concat_batches
 from .errors import EpisodeStateError, ReadOnlyError, ValidationError
 from .schema import DatasetSchema, FieldSpec, to_storage
-from .stats import STAT_PARTS, episode_return, episode_stats, has_stats, merge_stats, stat_column
+from .stats import STAT_PARTS, has_stats, stat_column
 from .store import Store
+from .summary import TASK_BYTES, BatchSummary, run_inline, summarize
 from .table import arrow_schema
 from .tensors import TensorArray
 
@@ -58,101 +58,81 @@ class HeldEpisode(Protocol):
         """Drop the episode; it is never stored."""
 
 
-_PIECE_BYTES = 1 << 18  # rows summarized per step: stays in the CPU cache
+def _nested(stored: np.ndarray, null: np.ndarray | None = None) -> pa.Array:
+    """One Arrow value per row of ``stored`` (``[rows, *dims]``): nested fixed-width lists over ``dims``.
 
-
-@np.errstate(invalid="ignore", over="ignore")  # inf/NaN data give inf/NaN stats, not warnings
-def episode_summary(
-    schema: DatasetSchema, e: FinishedEpisode, blocks: Mapping[str, np.ndarray], rows: Mapping[str, int]
-) -> dict[str, Any]:
-    """Copy ``e``'s tensor rows into the commit ``blocks`` at ``rows`` and summarize the episode.
-
-    One cache-sized piece at a time is copied, checksummed and added to the
-    statistics, so each byte is read from memory once. Runs in a thread pool
-    (NumPy and zlib release the GIL).
+    ``null`` (bool per row) marks the rows that are NULL.
     """
-    out: dict[str, Any] = {"return": episode_return(schema, e.data)}
-    for f in schema.step_fields:
-        values = e.data[f.key]
-        stats = None
-        if f.in_tensor:
-            dest = blocks[f.key][rows[f.key] : rows[f.key] + len(values)]
-            step = max(1, _PIECE_BYTES // max(1, values[:1].nbytes))
-            crc = 0
-            for i in range(0, len(values), step):
-                piece = dest[i : i + step]
-                piece[...] = values[i : i + step]
-                crc = zlib.crc32(piece.data, crc)
-                if has_stats(f):
-                    stats = merge_stats(stats, episode_stats(f, piece))
-            out[f"crc/{f.key}"] = crc
-        elif has_stats(f):
-            stats = episode_stats(f, values)
-        if stats is not None:
-            out[f"stats/{f.key}"] = stats
+    dims = stored.shape[1:]
+    if not dims:
+        return pa.array(stored, mask=null)
+    arr: pa.Array = pa.array(stored.reshape(-1))
+    for depth in range(len(dims), 0, -1):
+        lists = len(stored) * math.prod(dims[: depth - 1])
+        offsets = pa.array(np.arange(lists + 1, dtype=np.int32) * dims[depth - 1])
+        mask = pa.array(null) if depth == 1 and null is not None else None
+        arr = pa.ListArray.from_arrays(offsets, arr, mask=mask)
+    return arr
+
+
+def _step_column(f: FieldSpec, values: np.ndarray, starts: np.ndarray, typ: pa.DataType) -> pa.Array:
+    """A table per-step column: one list of rows per episode (episode ``i``: rows ``starts[i]:starts[i+1]``)."""
+    rows = _nested(to_storage(values, f.np_dtype))
+    return pa.ListArray.from_arrays(pa.array(starts.astype(np.int32)), rows).cast(typ)
+
+
+def _meta_column(f: FieldSpec, values: np.ndarray, valid: np.ndarray, typ: pa.DataType) -> pa.Array:
+    """A meta column: one value per episode, NULL where not ``valid``."""
+    if f.np_dtype.kind == "U":
+        return pa.array(values, pa.string(), mask=~valid)
+    return _nested(to_storage(values, f.np_dtype), ~valid).cast(typ)
+
+
+def _stat_columns(f: FieldSpec, parts: Mapping[str, np.ndarray], target: pa.Schema) -> dict[str, pa.Array]:
+    """The ``stats/<key>/<part>`` columns from per-episode parts (``count`` [n], the others [n, channels])."""
+    n = len(parts["count"])
+    offsets = pa.array(np.arange(n + 1, dtype=np.int32) * f.stat_channels)
+    out: dict[str, pa.Array] = {stat_column(f, "count"): pa.array(parts["count"], pa.int64())}
+    for part in STAT_PARTS[1:]:
+        column = stat_column(f, part)
+        values = pa.array(np.ascontiguousarray(parts[part], dtype=np.float64).reshape(-1))
+        out[column] = pa.ListArray.from_arrays(offsets, values).cast(target.field(column).type)
     return out
-
-
-def _list_array(values: Sequence[np.ndarray], f: FieldSpec, typ: pa.DataType) -> pa.Array:
-    """Nested Arrow list array for per-episode arrays (time + dims), built from flat values."""
-    stored = [to_storage(v, f.np_dtype) for v in values]
-    flat = pa.array(np.concatenate([s.reshape(-1) for s in stored]) if stored else np.array([]))
-    shapes = [s.shape for s in stored]
-    inner = stored[0].shape[1:] if stored else ()
-    arr: pa.Array = flat
-    for depth in range(len(inner), 0, -1):
-        width = inner[depth - 1]
-        count = sum(math.prod(s[:depth]) for s in shapes)
-        arr = pa.ListArray.from_arrays(pa.array(np.arange(count + 1, dtype=np.int32) * width), arr)
-    lengths = np.array([s[0] for s in shapes], dtype=np.int64)
-    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
-    return pa.ListArray.from_arrays(pa.array(offsets), arr).cast(typ)
 
 
 def build_rows(
     schema: DatasetSchema,
-    episodes: Sequence[FinishedEpisode],
-    summaries: Sequence[Mapping[str, Any]],
+    batch: EpisodeBatch,
+    summary: BatchSummary,
     writer: str,
-    ids: Sequence[int],
-    refs: Mapping[str, Sequence[int]],
+    ids: np.ndarray,
+    refs: Mapping[str, np.ndarray],
 ) -> pa.Table:
-    """The Arrow rows for a batch of finished episodes (in the table's schema)."""
+    """The Arrow rows for a batch of finished episodes (in the table's schema), built column by column."""
     target = arrow_schema(schema)
+    n = len(batch)
+    returns = summary.returns
     cols: dict[str, Any] = {
         "episode_id": pa.array(ids, pa.int64()),
-        "writer": pa.array([writer] * len(episodes), pa.string()),
-        "length": pa.array([e.length for e in episodes], pa.int64()),
-        "terminated": pa.array([e.terminated for e in episodes], pa.bool_()),
-        "truncated": pa.array([e.truncated for e in episodes], pa.bool_()),
-        "return": pa.array([s["return"] for s in summaries], pa.float64()),
-        "created_at": pa.array([e.created_at for e in episodes], pa.timestamp("us", tz="UTC")),
+        "writer": pa.array([writer] * n, pa.string()),
+        "length": pa.array(batch.lengths, pa.int64()),
+        "terminated": pa.array(batch.terminated, pa.bool_()),
+        "truncated": pa.array(batch.truncated, pa.bool_()),
+        "return": pa.array(returns, pa.float64()) if returns is not None else pa.nulls(n, pa.float64()),
+        "created_at": pa.array(batch.created_at.astype("datetime64[us]"), pa.timestamp("us", tz="UTC")),
     }
     for f in schema.meta_fields:
-        vals = [e.meta.get(f.name) for e in episodes]
-        if f.np_dtype.kind == "U":
-            cols[f.key] = pa.array(vals, pa.string())
-        else:
-            cols[f.key] = pa.array(
-                [None if v is None else to_storage(np.asarray(v), f.np_dtype).tolist() for v in vals],
-                target.field(f.key).type,
-            )
+        values, valid = batch.meta[f.name]
+        cols[f.key] = _meta_column(f, values, valid, target.field(f.key).type)
     for f in schema.step_fields:
         if f.in_tensor:
             cols[f"ref/{f.key}"] = pa.array(refs[f.key], pa.int64())
-            cols[f"crc/{f.key}"] = pa.array([s[f"crc/{f.key}"] for s in summaries], pa.int64())
+            cols[f"crc/{f.key}"] = pa.array(summary.crc[f.key], pa.int64())
         else:
-            cols[f.key] = _list_array([e.data[f.key] for e in episodes], f, target.field(f.key).type)
+            cols[f.key] = _step_column(f, batch.data[f.key], batch.row_starts(f), target.field(f.key).type)
         if has_stats(f):
-            for part in STAT_PARTS:
-                column = stat_column(f, part)
-                values = [_plain(s[f"stats/{f.key}"][part]) for s in summaries]
-                cols[column] = pa.array(values, target.field(column).type)
+            cols.update(_stat_columns(f, summary.stats[f.key], target))
     return pa.table(cols, schema=target)
-
-
-def _plain(value: Any) -> Any:
-    return value.tolist() if isinstance(value, np.ndarray) else value
 
 
 _POOL = ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1), thread_name_prefix="episodelake-stats")
@@ -172,6 +152,12 @@ def _submit(fn: Callable[..., Any], *args: Any) -> Future:
         except Exception as exc:
             done.set_exception(exc)
         return done
+
+
+def _run_pooled(tasks: Sequence[Callable[[], Any]]) -> list[Any]:
+    """Run ``tasks`` in the pool (inline when it refuses work) and return their results in order."""
+    futures = [_submit(task) for task in tasks]
+    return [f.result() for f in futures]
 
 
 @contextlib.contextmanager
@@ -258,7 +244,8 @@ class CommitSink:
         self.number = number
         self.name = f"{number:08x}"
         self.seq = 0
-        self.pending: list[FinishedEpisode] = []
+        self.pending: list[FinishedEpisode | EpisodeBatch] = []  # step episodes, and the rest of bulk calls
+        self.pending_count = 0  # episodes in ``pending``
         self.pending_bytes = 0
         self.first_pending_at: float | None = None
         self.arrays: dict[str, TensorArray] = {}
@@ -294,18 +281,34 @@ class CommitSink:
     @_locked
     def submit(self, episode: FinishedEpisode) -> None:
         """Queue a finished episode; commits when a size/count/age trigger fires."""
+        self.submit_many([episode])
+
+    @_locked
+    def submit_many(self, episodes: Sequence[FinishedEpisode] | EpisodeBatch) -> None:
+        """Queue finished episodes (or a validated batch); commit all pending ones if a trigger fired."""
         self._check_process()
+        if not len(episodes):
+            return
         if not self.pending:
             self.first_pending_at = time.monotonic()
-        self.pending.append(episode)
-        self.pending_bytes += episode.nbytes
-        if (
-            len(self.pending) >= self.commit_episodes
-            or self.pending_bytes >= self.commit_bytes
-            or time.monotonic() - (self.first_pending_at or 0.0) >= self.commit_seconds
-        ):
+        if isinstance(episodes, EpisodeBatch):
+            self.pending.append(episodes)
+            self.pending_bytes += episodes.nbytes
+        else:
+            self.pending.extend(episodes)
+            self.pending_bytes += sum(e.nbytes for e in episodes)
+        self.pending_count += len(episodes)
+        if self.due(0, 0):
             self.commit()
         self._update_live()
+
+    def due(self, episodes: int, nbytes: int) -> bool:
+        """Whether the pending episodes plus ``episodes`` more (``nbytes``) fire a commit trigger."""
+        return (
+            self.pending_count + episodes >= self.commit_episodes
+            or self.pending_bytes + nbytes >= self.commit_bytes
+            or (self.first_pending_at is not None and time.monotonic() - self.first_pending_at >= self.commit_seconds)
+        )
 
     def _array(self, f: FieldSpec) -> TensorArray:
         if f.key not in self.arrays:
@@ -315,7 +318,7 @@ class CommitSink:
     @_locked
     def discard(self) -> int:
         """Forget the pending episodes and those awaiting meta; returns how many were dropped."""
-        dropped = len(self.pending) + len(self.awaiting)
+        dropped = self.pending_count + len(self.awaiting)
         for writer in list(self.awaiting):
             writer.discard()
         self._forget_pending()
@@ -323,6 +326,7 @@ class CommitSink:
 
     def _forget_pending(self) -> None:
         self.pending = []
+        self.pending_count = 0
         self.pending_bytes = 0
         self.first_pending_at = None
         self._update_live()
@@ -343,53 +347,60 @@ class CommitSink:
         """Commit all pending episodes in one table commit; return the new version (None if none).
 
         Each tensor field's rows of the whole commit are gathered into one
-        contiguous block (checksums and statistics computed on the way, in a
-        thread pool); finished prefixes are written while later episodes are
-        still summarized, in writes aligned to chunks (shards on object
-        stores). The table commit happens only after every write completed.
+        contiguous block and written in one TensorStore write while checksums
+        and statistics are computed (vectorized over episodes, in a thread
+        pool). The table commit happens only after every write completed.
         """
         if not self.pending:
             return None
         self._check_process()
         with _defer_sigint():
-            return self._commit(self.pending)
+            return self._commit(self._pending_batch())
 
-    def _commit(self, episodes: list[FinishedEpisode]) -> int:
-        refs: dict[str, list[int]] = {}
-        blocks: dict[str, np.ndarray] = {}
-        for f in self.schema.tensor_fields:
-            lengths = np.array([len(e.data[f.key]) for e in episodes], dtype=np.int64)
-            refs[f.key] = (np.cumsum(lengths) - lengths).tolist()
-            blocks[f.key] = np.empty((int(lengths.sum()), *f.shape), f.np_dtype)
-        tasks = [
-            _submit(episode_summary, self.schema, e, blocks, {k: r[i] for k, r in refs.items()})
-            for i, e in enumerate(episodes)
-        ]
-        arrays = {f.key: self._array(f) for f in self.schema.tensor_fields}
-        base = {k: arr.reserve(len(blocks[k])) for k, arr in arrays.items()}
-        done = dict.fromkeys(arrays, 0)
+    @_locked
+    def commit_batch(self, batch: EpisodeBatch) -> int:
+        """Commit the pending episodes and then the validated ``batch`` in one table commit; return the version.
+
+        The bulk path (``append_episodes``, importers): the caller bounds the
+        batch's size; nothing of it is visible unless the whole commit lands.
+        """
+        self._check_process()
+        queued = [self._pending_batch()] if self.pending else []
+        with _defer_sigint():
+            return self._commit(concat_batches(self.schema, [*queued, batch]))
+
+    def _pending_batch(self) -> EpisodeBatch:
+        """The pending episodes as one batch, in the order they were queued."""
+        parts: list[EpisodeBatch] = []
+        run: list[FinishedEpisode] = []
+        for item in self.pending:
+            if isinstance(item, FinishedEpisode):
+                run.append(item)
+                continue
+            if run:
+                parts.append(batch_of(self.schema, run))
+                run = []
+            parts.append(item)
+        if run:
+            parts.append(batch_of(self.schema, run))
+        return concat_batches(self.schema, parts)
+
+    def _commit(self, batch: EpisodeBatch) -> int:
         writes = []
-        summaries = []
-        for i, task in enumerate(tasks):
-            summaries.append(task.result())
-            # Write each finished prefix up to its last write-unit boundary while later
-            # episodes are still summarized: aligned writes never share a chunk.
-            for k, arr in arrays.items():
-                unit = arr.write_rows
-                end = (base[k] + refs[k][i] + len(episodes[i].data[k])) // unit * unit - base[k]
-                if i == len(tasks) - 1:
-                    end = len(blocks[k])
-                if end > done[k]:
-                    writes.append(arr.write(base[k] + done[k], blocks[k][done[k] : end]))
-                    done[k] = end
-        for k in arrays:
-            refs[k] = [base[k] + r for r in refs[k]]
+        refs: dict[str, np.ndarray] = {}
+        for f in self.schema.tensor_fields:
+            block = batch.data[f.key]
+            arr = self._array(f)
+            base = arr.reserve(len(block))
+            writes.append(arr.write(base, block))
+            refs[f.key] = base + batch.row_starts(f)[:-1]
+        summary = summarize(self.schema, batch, _run_pooled if batch.nbytes >= TASK_BYTES else run_inline)
         for w in writes:
             w.result()
-        ids = [(self.number << 32) | (self.seq + i) for i in range(len(episodes))]
-        rows = build_rows(self.schema, episodes, summaries, self.name, ids, refs)
-        version = self.store.table.append(rows)
-        self.seq += len(episodes)
+        ids = (self.number << 32) | np.arange(self.seq, self.seq + len(batch), dtype=np.int64)
+        rows = build_rows(self.schema, batch, summary, self.name, ids, refs)
+        version = self.store.append(rows)  # evicts in the same commit when the dataset has a capacity
+        self.seq += len(batch)
         self._forget_pending()
         self.store.committed()
         return version

@@ -14,9 +14,11 @@ dataset at ``dest``, optionally with other tensor chunking or compression:
   batch; the table rows of the copied episodes are held in memory.
 
 The destination's history starts fresh (its versions are the copy's commits).
+Derived columns (:mod:`derived`) are declared at the destination and their
+values of the copied episodes written in one update after the episodes.
 With ``verify`` (default), the copy is reopened and checked: the same episode
-ids in the same order, every table column equal, and every episode's tensor
-rows matching the CRC-32 the original writer stored.
+ids in the same order, every table column and derived value equal, and every
+episode's tensor rows matching the CRC-32 the original writer stored.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from . import derived
 from .episode import rows_for
 from .errors import ArgumentError, CorruptionError, LocationError
 from .location import Location
@@ -66,7 +69,7 @@ def copy_to(
     """
     if target.url == source.location.url:
         raise LocationError(f"cannot copy {source.location.url} onto itself")
-    schema = _rechunked(snap.schema, chunk_rows, compression)
+    schema = _rechunked(snap.schema.base, chunk_rows, compression)
     out = Store.create(
         target,
         schema,
@@ -86,10 +89,26 @@ def copy_to(
             out.table.append(batch)
             out.committed()
             shown.update(hi - lo)
+    values = _copy_derived(snap, positions, out)
     copy = Store.open(target)
     if verify:
-        verify_copy(rows, Snapshot(copy))
+        verify_copy(rows, Snapshot(copy), values)
     return copy
+
+
+def _copy_derived(snap: Snapshot, positions: np.ndarray, out: Store) -> pa.Table | None:
+    """Declare ``snap``'s derived columns at ``out`` and write the values of the copied episodes; return them."""
+    if not snap.derived.fields:
+        return None
+    derived.declare(out, out.schema, snap.derived.fields)
+    values = snap.derived_values().take(pa.array(positions))
+    columns = [values[f.key].combine_chunks() for f in snap.derived.fields]
+    held = np.logical_or.reduce([c.is_valid().to_numpy(zero_copy_only=False) for c in columns])
+    if held.any():
+        keep = pa.array(np.flatnonzero(held))
+        ids = values["episode_id"].to_numpy()[held]
+        derived.write(out, ids, {f.key: c.take(keep) for f, c in zip(snap.derived.fields, columns, strict=True)})
+    return values
 
 
 def _rechunked(schema: DatasetSchema, chunk_rows: Any, compression: Any) -> DatasetSchema:
@@ -123,7 +142,7 @@ def _source_rows(snap: Snapshot, positions: np.ndarray) -> pa.Table:
     where = snap.positions_of(tbl["episode_id"].to_numpy())
     row_of_position = np.empty(snap.num_episodes, np.int64)
     row_of_position[where] = np.arange(tbl.num_rows)
-    return tbl.take(pa.array(row_of_position[positions])).select(arrow_schema(snap.schema).names)
+    return tbl.take(pa.array(row_of_position[positions])).select(arrow_schema(snap.schema.base).names)
 
 
 def _batches(snap: Snapshot, positions: np.ndarray, batch_bytes: int) -> Iterator[tuple[int, int]]:
@@ -167,8 +186,11 @@ def _copy_tensor_rows(
     return pa.array(refs, pa.int64())
 
 
-def verify_copy(expected: pa.Table, snap: Snapshot) -> None:
-    """Check the copy's snapshot ``snap`` holds exactly ``expected``'s episodes: ids, order, columns, tensor CRC-32s."""
+def verify_copy(expected: pa.Table, snap: Snapshot, derived_values: pa.Table | None = None) -> None:
+    """Check the copy's snapshot ``snap`` holds exactly ``expected``'s episodes: ids, order, columns, tensor CRC-32s.
+
+    ``derived_values``: the derived columns it must hold too (as :meth:`Snapshot.derived_values` gives them).
+    """
     ids = expected["episode_id"].to_numpy()
     got_ids = snap.index["episode_id"]
     if len(got_ids) != len(ids) or (got_ids != ids).any():
@@ -179,6 +201,8 @@ def verify_copy(expected: pa.Table, snap: Snapshot) -> None:
     for name in expected.column_names:
         if name not in refs and not actual[name].equals(expected[name]):
             raise CorruptionError(f"copy at {snap.loc.url}: column {name!r} differs from the source")
+    if derived_values is not None and not snap.derived_values().equals(derived_values):
+        raise CorruptionError(f"copy at {snap.loc.url}: derived column values differ from the source")
     for f in snap.schema.tensor_fields:
         crcs = snap.index[f"crc/{f.key}"]
         for lo, hi in _batches(snap, positions, 64 << 20):

@@ -23,17 +23,19 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .bulk import append as bulk_append
 from .checks import episode_from_dict
 from .commit import CommitSink
 from .copy import KEEP
 from .episode import rows_for
 from .errors import ArgumentError, ReadOnlyError
 from .location import Location, resolve
-from .schema import DatasetSchema, infer_schema
+from .retention import Capacity, check_ids
+from .schema import DatasetSchema, FieldSpec, infer_schema
 from .segments import Segment
-from .snapshot import Snapshot
+from .snapshot import ScanBase, Snapshot
 from .store import Store
-from .writer import EpisodeWriter, VectorEpisodeWriter, write_episodes
+from .writer import EpisodeWriter, VectorEpisodeWriter
 
 if TYPE_CHECKING:
     import duckdb
@@ -45,6 +47,7 @@ if TYPE_CHECKING:
     from .samplers import Sampler
     from .segment_dataset import SegmentDataset
     from .stream import SegmentStream
+    from .trajectories import TrajectoryStream
 
 WRITER_OPTIONS = ("commit_episodes", "commit_bytes", "commit_seconds")
 
@@ -196,20 +199,20 @@ class EpisodeCollection:
 
         return sql_numpy(self, query, params)
 
-    def where(self, predicate: str) -> DatasetView:
-        """Episodes matching a SQL predicate over the ``episodes`` view."""
+    def where(self, predicate: str, params: Any = None) -> DatasetView:
+        """Episodes matching a SQL predicate over the ``episodes`` view; ``params`` binds its ``?``/``$name``."""
         from .query import where
 
-        return self._view(*where(self, predicate))
+        return self._view(*where(self, predicate, params))
 
-    def select_episodes(self, query: str) -> DatasetView:
-        """Episodes whose ``episode_id`` a SQL query returns."""
+    def select_episodes(self, query: str, params: Any = None) -> DatasetView:
+        """Episodes whose ``episode_id`` a SQL query returns; ``params`` binds its ``?``/``$name``."""
         from .query import select_episodes
 
-        return self._view(*select_episodes(self, query))
+        return self._view(*select_episodes(self, query, params))
 
     def stats(self, fields: Iterable[str] | None = None) -> dict[str, Any]:
-        """Mean/std/min/max per numeric field (and return/length), from one SQL aggregate."""
+        """Mean/std/min/max per numeric field (and return/length), from the commit-time statistics."""
         from .query import stats
 
         return stats(self, fields)
@@ -257,12 +260,19 @@ class EpisodeCollection:
         prefetch: int = 2,
         drop_last: bool = False,
         shard_policy: str = "wrap",
+        priority: Any = None,
+        alpha: float | None = None,
+        beta: float | None = None,
+        follow: bool = False,
     ) -> SegmentStream:
         """The training stream of segment batches (``el.Batch``); every argument: :class:`stream.SegmentStream`.
 
         Give ``sequence_length``, or ``context_length`` and ``target_length``.
         Defaults: infinite, uniform with replacement; ``replacement=False`` or
-        ``shuffle=False`` make finite passes.
+        ``shuffle=False`` make finite passes; ``priority=`` (``alpha``,
+        ``beta``) prioritized replay, with ``stream.update_priorities``;
+        ``follow=True`` takes in newly committed episodes before each batch
+        (``stream.refresh()``).
         """
         from .stream import SegmentStream
 
@@ -285,6 +295,10 @@ class EpisodeCollection:
             prefetch=prefetch,
             drop_last=drop_last,
             shard_policy=shard_policy,
+            priority=priority,
+            alpha=alpha,
+            beta=beta,
+            follow=follow,
         )
 
     def sample_transitions(
@@ -299,12 +313,20 @@ class EpisodeCollection:
         rng: np.random.Generator | None = None,
         where: str | None = None,
         filter: Callable[[EpisodeRef], bool] | None = None,
+        weights: str | ArrayLike | None = None,
+        sampler: Sampler | None = None,
+        priority: Any = None,
+        alpha: float | None = None,
+        beta: float | None = None,
     ) -> Transitions:
-        """``batch_size`` single transitions (time axis removed), uniform with replacement.
+        """``batch_size`` single transitions (time axis removed), uniform with replacement by default.
 
         ``n_step``/``gamma``: n-step returns; ``history``/``horizon``: stacked
         observations before and after; ``rng`` (a ``np.random.Generator``)
         gives a reproducible sequence of calls, ``seed`` one deterministic call.
+        ``weights``/``sampler``/``priority`` (``alpha``, ``beta``) choose the
+        transitions as for ``segment_stream``; keep a ``PrioritizedSampler``
+        as ``sampler=`` to update priorities across calls.
         See :func:`transitions.sample_transitions`.
         """
         from .transitions import sample_transitions
@@ -320,6 +342,59 @@ class EpisodeCollection:
             rng=rng,
             where=where,
             filter=filter,
+            weights=weights,
+            sampler=sampler,
+            priority=priority,
+            alpha=alpha,
+            beta=beta,
+        )
+
+    # ---- whole episodes (trajectories.py)
+    def to_numpy(self, pad: bool = False) -> dict[str, np.ndarray]:
+        """Every episode of this collection as NumPy arrays (tensor fields too: it reads everything).
+
+        ``pad=False``: each step field's rows of all episodes concatenated, with
+        ``offsets``/``obs_offsets`` ``[N + 1]`` (observations hold ``T + 1``
+        rows per episode); ``pad=True``: ``[N, Lmax(+1), ...]`` padded with
+        zeros plus ``mask``. Both add ``episode_id``, ``length``,
+        ``terminated``, ``truncated``, ``meta/<name>`` and ``meta_mask/<name>``
+        per episode. See :func:`trajectories.to_numpy`.
+        """
+        from .trajectories import to_numpy
+
+        return to_numpy(self.snapshot(), self.positions, pad=bool(pad))
+
+    def trajectories(
+        self,
+        batch_size: int,
+        *,
+        seed: int | None = None,
+        shuffle: bool = True,
+        replacement: bool = True,
+        drop_last: bool = False,
+        where: str | None = None,
+        filter: Callable[[EpisodeRef], bool] | None = None,
+        pad_value: float = 0,
+    ) -> TrajectoryStream:
+        """Batches of whole episodes padded to the longest in the batch, with ``mask`` and ``lengths``.
+
+        Infinite with replacement by default; ``replacement=False`` or
+        ``shuffle=False`` make finite passes; ``state_dict()`` resumes. See
+        :class:`trajectories.TrajectoryStream`.
+        """
+        from .selection import select
+        from .trajectories import TrajectoryStream
+
+        snap, positions = select(self, where, filter)
+        return TrajectoryStream(
+            self.schema,
+            [(snap, positions)],
+            batch_size,
+            seed=seed,
+            shuffle=shuffle,
+            replacement=replacement,
+            drop_last=drop_last,
+            pad_value=pad_value,
         )
 
     # ---- copying (copy.py)
@@ -397,7 +472,12 @@ class Dataset(EpisodeCollection):
         self._writer_options = dict(writer_options or {})
         self._sink: CommitSink | None = None
         self._snap: Snapshot | None = None
+        self._scan_base: ScanBase | None = None  # what the snapshot a commit replaced leaves the next one
         store.on_commit(self._on_commit)
+        if store.capacity is not None and store.location.is_local and not store.read_only:
+            from .maintenance import AutoVacuum
+
+            self._auto_vacuum = AutoVacuum(store)  # reclaims evicted tensors every capacity.vacuum_every commits
 
     @property
     def location(self) -> Location:
@@ -430,6 +510,7 @@ class Dataset(EpisodeCollection):
         commit_episodes: int = 64,
         commit_bytes: int = 256 << 20,
         commit_seconds: float = 30.0,
+        capacity: Capacity | int | Mapping[str, Any] | None = None,
     ) -> Dataset:
         """Create an empty dataset at ``path`` (None: in memory).
 
@@ -437,15 +518,24 @@ class Dataset(EpisodeCollection):
         ``durable=True`` fsyncs tensor writes (slower; protects against power
         loss, not only process crashes). The commit_* options bound how many
         finished episodes wait in memory before one table commit.
+        ``capacity`` (an int of steps, a dict or :class:`Capacity`) makes a
+        replay buffer: each commit evicts the oldest episodes beyond it in the
+        same atomic commit (see docs/replay.md); stored with the dataset.
+        Fields declared ``derived=True`` become derived columns (``update``).
         """
         store = Store.create(
             resolve(path, dict(storage_options or {})),
-            schema,
+            schema.base if isinstance(schema, DatasetSchema) else schema,
             partition_by=partition_by,
             overwrite=overwrite,
             durable=durable,
             info=info,
+            capacity=Capacity.parse(capacity),
         )
+        if schema.derived_fields:
+            from .derived import declare
+
+            declare(store, store.schema, schema.derived_fields)
         return cls(
             store,
             writer_options={
@@ -498,7 +588,7 @@ class Dataset(EpisodeCollection):
     @classmethod
     def from_episodes(
         cls,
-        episodes: Iterable[Mapping[str, Any]],
+        episodes: Iterable[Mapping[str, Any]] | Mapping[str, Any],
         path: str | None = None,
         schema: DatasetSchema | None = None,
         *,
@@ -510,8 +600,9 @@ class Dataset(EpisodeCollection):
         commit_episodes: int = 64,
         commit_bytes: int = 256 << 20,
         commit_seconds: float = 30.0,
+        lengths: ArrayLike | None = None,
     ) -> Dataset:
-        """Create a dataset from dict-form episodes and commit them.
+        """Create a dataset from dict-form episodes (or columns with ``lengths``) and commit them.
 
         Each episode: ``initial_observation`` (reset observation) and
         ``observations`` ``[T, ...]`` (or ``observations`` ``[T + 1, ...]``
@@ -519,10 +610,18 @@ class Dataset(EpisodeCollection):
         ``extras``, ``terminated``/``truncated`` (bool, or bool[T] set only on
         the last step) and ``meta`` (dict). Roles may be nested dicts. The
         schema is inferred from the first episode unless given. The keyword
-        options are :meth:`create`'s.
+        options are :meth:`create`'s; ``lengths``: see :meth:`append_episodes`.
+        Bulk: one commit per large batch (see :mod:`bulk`).
         """
-        it = iter(episodes)
-        first = next(it, None)
+        if lengths is not None:
+            if not isinstance(episodes, Mapping):
+                raise ArgumentError("with lengths=, from_episodes takes one mapping of concatenated columns")
+            meta = episodes.get("meta") or {}
+            first: Mapping[str, Any] | None = {**episodes, "meta": {k: v[0] for k, v in meta.items() if len(v)}}
+            it: Iterator[Mapping[str, Any]] = iter(())
+        else:
+            it = iter(episodes)  # type: ignore[arg-type]  # an iterable of dicts without lengths=
+            first = next(it, None)
         if schema is None:
             if first is None:
                 raise ArgumentError("cannot infer a schema from zero episodes; pass schema=")
@@ -539,7 +638,9 @@ class Dataset(EpisodeCollection):
             commit_bytes=commit_bytes,
             commit_seconds=commit_seconds,
         )
-        if first is not None:
+        if lengths is not None:
+            ds.append_episodes(episodes, lengths=lengths)
+        elif first is not None:
             # one call: a rejected episode withdraws the pending ones and is named by its index
             ds.append_episodes(itertools.chain([first], it))
         ds.flush()
@@ -568,9 +669,23 @@ class Dataset(EpisodeCollection):
         """A writer for ``num_envs`` parallel envs (see :class:`VectorEpisodeWriter`)."""
         return VectorEpisodeWriter(self._writer(), initial_obs, num_envs, autoreset_mode, meta)
 
-    def append_episodes(self, episodes: Iterable[Mapping[str, Any]]) -> int:
-        """Validate and append dict-form episodes (see :meth:`from_episodes`)."""
-        return write_episodes(self._writer(), episodes)
+    def append_episodes(
+        self, episodes: Iterable[Mapping[str, Any]] | Mapping[str, Any], *, lengths: ArrayLike | None = None
+    ) -> int:
+        """Validate and append episodes in bulk; returns how many.
+
+        ``episodes``: dict-form episodes (see :meth:`from_episodes`), or with
+        ``lengths`` (one int per episode: its transitions ``T``) one mapping of
+        every episode's rows concatenated: ``observations`` ``[sum(T + 1), ...]``,
+        ``actions``/``rewards``/``extras`` ``[sum(T), ...]``,
+        ``terminated``/``truncated`` (one bool, or one per episode) and ``meta``
+        (field -> one value per episode, None for NULL). Validated and summarized
+        many episodes per NumPy call and committed in large, size-bounded batches
+        (one commit each; see :mod:`episodelake.bulk`). A rejected episode raises
+        :class:`ValidationError` naming its index and field; with ``lengths``
+        nothing is written then.
+        """
+        return bulk_append(self._writer(), episodes, lengths)
 
     def validate_episode(self, episode: Mapping[str, Any]) -> None:
         """Raise ValidationError if ``episode`` would be rejected; writes nothing."""
@@ -598,8 +713,128 @@ class Dataset(EpisodeCollection):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    # ---- deleting (retention.py)
+    def delete(
+        self, episode_ids: Iterable[int] | None = None, *, where: str | None = None, params: Any = None
+    ) -> int:
+        """Remove episodes in one commit: ``episode_ids``, or those matching ``where`` (SQL over ``episodes``).
+
+        Returns how many were removed (0: no commit). Unknown ids raise
+        :class:`ArgumentError`, a bad predicate :class:`QueryError`; nothing
+        changes then. Older versions (time travel, readers pinned to them)
+        keep the episodes until ``vacuum`` removes their files.
+        """
+        if self.read_only:
+            raise ReadOnlyError(f"dataset {self.location.url} is open read-only (or at a past version)")
+        if (episode_ids is None) == (where is None):
+            raise ArgumentError("delete takes episode_ids or where=, exactly one of them")
+        if where is None and params is not None:
+            raise ArgumentError("delete: params= fills placeholders of where=; give where= too")
+        snap = self.snapshot()
+        if where is not None:
+            if not isinstance(where, str):
+                raise ArgumentError(f"delete: where must be a SQL predicate string, got {type(where).__name__}")
+            ids = self.sql_numpy(f"SELECT episode_id FROM episodes WHERE ({where})", params)["episode_id"]
+        else:
+            assert episode_ids is not None
+            ids = check_ids(episode_ids)
+            unknown = ids[~np.isin(ids, snap.index["episode_id"])]
+            if len(unknown):
+                raise ArgumentError(
+                    f"delete: {len(unknown)} episode id(s) not in version {snap.version}: {unknown[:10].tolist()}"
+                )
+        ids = np.unique(np.asarray(ids, dtype=np.int64))
+        if len(ids):
+            self._store.delete(ids.tolist())
+        return len(ids)
+
+    def clear(self) -> int:
+        """Remove every episode in one commit; returns how many (0: no commit). Older versions keep them (vacuum)."""
+        if self.read_only:
+            raise ReadOnlyError(f"dataset {self.location.url} is open read-only (or at a past version)")
+        n = len(self.snapshot().index["episode_id"])
+        if n:
+            self._store.clear()
+        return n
+
+    # ---- derived columns (derived.py)
+    def add_column(self, *specs: FieldSpec) -> int:
+        """Declare derived columns (``FieldSpec``, taken as ``derived=True``) in one commit; return the version.
+
+        Per-episode columns have ``role="meta"``, per-step ones a step role.
+        They read NULL in SQL (a step column's ``default``, else NaN/0, in
+        arrays) until :meth:`update` sets them. A key that is already a field
+        raises :class:`SchemaError`; declaring a column again changes nothing.
+        """
+        from .derived import declare
+
+        self._check_writable()
+        if not specs:
+            raise ArgumentError("add_column needs at least one FieldSpec")
+        return declare(self._store, self.snapshot().schema, specs)
+
+    def update(
+        self,
+        values: Mapping[str, Any],
+        episode_ids: Iterable[int] | None = None,
+        *,
+        where: str | None = None,
+        params: Any = None,
+    ) -> int:
+        """Set derived columns of some episodes in one versioned update; return the new table version.
+
+        ``values`` maps derived column keys to values for the chosen episodes:
+        ``episode_ids`` (values in that order), those matching ``where`` (SQL
+        over ``episodes``, ``params`` bind its placeholders; values in episode
+        order) or, with neither, every episode (episode order). A per-episode
+        column takes one value per episode (None: unset); a per-step column
+        one array per episode, of its rows, or one array of all their rows.
+        Base rows and tensors are never rewritten. Bad columns, values or ids
+        raise (naming the column and episode) and change nothing; a concurrent
+        update by another process either lands too or raises
+        :class:`~episodelake.errors.CommitConflictError`.
+        """
+        from .derived import encode, write
+
+        self._check_writable()
+        if episode_ids is not None and where is not None:
+            raise ArgumentError("update takes episode_ids or where=, not both")
+        if where is None and params is not None:
+            raise ArgumentError("update: params= fills placeholders of where=; give where= too")
+        if not isinstance(values, Mapping) or not values:
+            raise ArgumentError("update: values must be a non-empty mapping of derived column keys to values")
+        snap = self.snapshot()
+        derived = {f.key: f for f in snap.derived.fields}
+        unknown = [k for k in values if k not in derived]
+        if unknown:
+            raise ArgumentError(f"update: {unknown} are not derived columns (declared: {sorted(derived)})")
+        if episode_ids is not None:
+            given = list(episode_ids) if not isinstance(episode_ids, str | bytes) else episode_ids
+            if len(check_ids(given)) != len(given):
+                raise ArgumentError("update: episode_ids repeat")
+            ids = np.asarray(given, dtype=np.int64)
+            try:
+                positions = snap.positions_of(ids)
+            except KeyError as exc:
+                raise ArgumentError(f"update: {exc.args[0]}") from None
+        elif where is not None:
+            positions = self.where(where, params).positions
+        else:
+            positions = np.arange(snap.num_episodes)
+        ids = np.asarray(snap.index["episode_id"][positions], dtype=np.int64)
+        if not len(ids):
+            return self.version
+        lengths = snap.lengths[positions]
+        columns = {key: encode(derived[key], value, lengths, ids) for key, value in values.items()}
+        return write(self._store, ids, columns)
+
+    def _check_writable(self) -> None:
+        if self.read_only:
+            raise ReadOnlyError(f"dataset {self.location.url} is open read-only (or at a past version)")
+
     def _on_commit(self) -> None:
-        self._snap = None  # a commit through the store moved the version: drop the old snapshot now
+        # a commit through the store moved the version: drop the old snapshot now, keep what the next one grows from
+        self._scan_base, self._snap = (self._snap and self._snap.successor_base()) or self._scan_base, None
 
     # ---- versions
     @property
@@ -616,7 +851,8 @@ class Dataset(EpisodeCollection):
         if sink is not None and sink.pending and sink.pid == os.getpid():
             sink.commit()
         if self._snap is None or self._snap.version != self._store.version:
-            self._snap = Snapshot(self._store)
+            self._snap = Snapshot(self._store, (self._snap and self._snap.successor_base()) or self._scan_base)
+            self._scan_base = None
             self._snap.verify = self.verify
         return self._snap
 

@@ -7,6 +7,7 @@
         _delta_log/                       its commit log (JSON entries, Parquet checkpoints)
         _episodelake_compact.lock         compaction lock (local disks)
         [<partition>=<value>/]*.parquet   data files
+    derived/                              the Delta table of derived columns (one row per episode ever updated)
     tensors/<writer>/<key>/               a writer's single array (local datasets, 0.1.0 object stores)
     tensors/<writer>/<commit>/<key>/      one commit's array (object stores; commit = 1, 2, ...)
         zarr.json                         Zarr v3 array metadata
@@ -30,6 +31,7 @@ CHECKPOINT_PATTERN = "*.checkpoint*.parquet"
 DATA_SUFFIX = ".parquet"
 COMPACT_LOCK = "_episodelake_compact.lock"  # underscore: Delta's vacuum and readers ignore it
 TENSORS = "tensors"
+DERIVED = "derived"
 ARRAY_METADATA = "zarr.json"
 CHUNKS = "c"
 TEMP_SUFFIX = ".tmp"
@@ -44,6 +46,11 @@ def table_parts(*rel: str) -> tuple[str, ...]:
 def log_parts() -> tuple[str, ...]:
     """The Delta commit log directory."""
     return (TABLE, LOG)
+
+
+def derived_parts() -> tuple[str, ...]:
+    """The Delta table of derived columns (``Dataset.update``)."""
+    return (DERIVED,)
 
 
 def compact_lock_parts() -> tuple[str, ...]:

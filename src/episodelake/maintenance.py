@@ -16,9 +16,11 @@ anything a retained version references:
   than the retention window (deltalake's full vacuum);
 * tensor arrays of writers no remaining table file references (a writer killed
   before its first commit), once untouched for the retention window;
-* on object stores, commit arrays (``tensors/<writer>/<commit>/...``) no
-  episode references (a writer killed between its tensor write and its
-  commit, or a commit that failed), once untouched for the retention window;
+* commit arrays (``tensors/<writer>/<commit>/...``: object stores and
+  capacity datasets) no episode of a stored table file references (a writer
+  killed between its tensor write and its commit, a commit that failed, or
+  every episode of the commit deleted or evicted and the files of the
+  versions that held them vacuumed), once untouched for the retention window;
 * in a writer's single array (local datasets), rows past the last referenced
   row (a writer killed between its tensor write and its commit): the array is
   shrunk, which deletes the chunk files wholly past the new end. Unreferenced
@@ -26,11 +28,18 @@ anything a retained version references:
   cannot be reclaimed without rewriting the array; they are counted in
   ``VacuumReport.unreclaimed_rows``.
 
-``VacuumReport.unreferenced_rows`` counts every stored row no episode
-references: exactly what crashes and failed commits left behind, 0 on a
-healthy dataset. (Object-store arrays written by 0.1.0 started each commit on
-a fresh shard; the rows skipped to get there were never written and are not
-counted.)
+``VacuumReport.unreferenced_rows`` counts every stored row no episode of a
+stored table file references: what crashes and failed commits left behind,
+plus rows of deleted or evicted episodes that share an array with an episode
+still referenced; 0 on a healthy dataset nothing was deleted from.
+(Object-store arrays written by 0.1.0 started each commit on a fresh shard;
+the rows skipped to get there were never written and are not counted.)
+
+Deleted and evicted episodes (``Dataset.delete``/``clear``, capacity) leave
+the latest version in one commit; the table files of older versions still
+hold them, so those versions (time travel, readers pinned to them) read them
+until this vacuum removes those files (removed longer than the retention
+window ago), and only then the tensor arrays they alone referenced.
 
 The retention window is what keeps a concurrent writer safe: its uncommitted
 Parquet file or tensor rows are seconds old. Vacuuming with ``retention_hours=0``
@@ -40,6 +49,7 @@ while another process writes can delete its in-flight data.
 from __future__ import annotations
 
 import time
+import warnings
 import zlib
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
@@ -50,6 +60,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from . import layout
+from .derived import vacuum_side
 from .episode import rows_for
 from .errors import ArgumentError, CorruptionError, ReadOnlyError
 from .location import Location
@@ -124,6 +135,7 @@ class VacuumReport:
     dry_run: bool
     retention_hours: float
     table_files: list[str] = field(default_factory=list)
+    derived_files: list[str] = field(default_factory=list)  # of the derived-column side table (derived.py)
     tensor_arrays: list[str] = field(default_factory=list)
     truncated: list[dict[str, Any]] = field(default_factory=list)
     temp_files: list[str] = field(default_factory=list)
@@ -176,7 +188,11 @@ def _read_table_file(store: Store, path: str, add: dict[str, Any], report: Valid
         return None
     partitions = {k[10:] for k in add if k.startswith("partition.")}
     wanted = [f for f in arrow_schema(store.schema) if f.name not in partitions]
-    off = [f.name for f in wanted if f.name not in tbl.column_names or tbl.schema.field(f.name).type != f.type]
+    off = [
+        f.name
+        for f in wanted
+        if f.name not in tbl.column_names or not _same_type(tbl.schema.field(f.name).type, f.type)
+    ]
     if off:
         report.problems.append(Problem("table-file", f"columns missing or of the wrong type: {off}", file=path))
         return None
@@ -196,6 +212,17 @@ def _read_table_file(store: Store, path: str, add: dict[str, Any], report: Valid
                         Problem("table-file", f"log {key} is {value}, the file holds {actual.as_py()}", file=path)
                     )
     return tbl
+
+
+def _same_type(stored: pa.DataType, want: pa.DataType) -> bool:
+    """Whether a stored column type reads as ``want``: deltalake's own rewrites (``DeltaTable.delete``, merge)
+    store strings as ``string_view``/``large_string`` and lists as large or view lists, which read the same."""
+    if pa.types.is_string(want):
+        return pa.types.is_string(stored) or pa.types.is_large_string(stored) or pa.types.is_string_view(stored)
+    if pa.types.is_list(want):
+        lists = (pa.types.is_list, pa.types.is_large_list, pa.types.is_list_view, pa.types.is_large_list_view)
+        return any(is_list(stored) for is_list in lists) and _same_type(stored.value_type, want.value_type)
+    return stored == want
 
 
 def _check_episode(
@@ -311,6 +338,31 @@ def _check_return(schema: DatasetSchema, values: dict[str, np.ndarray], rec, pro
 # ---------------------------------------------------------------- vacuum
 
 
+class AutoVacuum:
+    """Vacuums a capacity dataset on local disk after every ``capacity.vacuum_every`` commits through ``store``.
+
+    Runs in the committing thread right after the commit, with the capacity's
+    ``retention_hours``; a failure is reported as a warning (the commit stands).
+    """
+
+    def __init__(self, store: Store) -> None:
+        assert store.capacity is not None
+        self.store = store
+        self.capacity = store.capacity
+        self.commits = 0
+        store.on_commit(self._on_commit)  # held weakly: the Dataset keeps this object
+
+    def _on_commit(self) -> None:
+        self.commits += 1
+        if self.commits < self.capacity.vacuum_every:
+            return
+        self.commits = 0
+        try:
+            vacuum(self.store, retention_hours=self.capacity.retention_hours)
+        except Exception as exc:  # the commit already landed; the next round retries
+            warnings.warn(f"automatic vacuum of {self.store.location.url} failed: {exc!r}", stacklevel=2)
+
+
 def vacuum(store: Store, dry_run: bool = False, retention_hours: float = DEFAULT_RETENTION_HOURS) -> VacuumReport:
     """Remove unreferenced table files and tensor data older than ``retention_hours``.
 
@@ -326,6 +378,7 @@ def vacuum(store: Store, dry_run: bool = False, retention_hours: float = DEFAULT
     report = VacuumReport(loc.url, dry_run, float(retention_hours))
     cutoff = time.time() - retention_hours * 3600.0
     report.table_files = store.table.vacuum(retention_hours, dry_run)
+    report.derived_files = vacuum_side(loc, retention_hours, dry_run)
     refs = _referenced_rows(store, set(report.table_files))
     _vacuum_tensors(store, refs, cutoff, report)
     for path in loc.fs.glob(loc.child(layout.temp_pattern())):

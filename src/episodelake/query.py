@@ -4,7 +4,8 @@ Every query runs in an in-process DuckDB cursor that sees two views, defined by
 the ``.sql`` files shipped in ``episodelake/sql/``:
 
 * ``episodes``: the snapshot's Delta table as an Arrow dataset (projection and
-  filter pushdown, hive partition pruning). Storage encodings show through:
+  filter pushdown, hive partition pruning), left-joined on ``episode_id``
+  with the snapshot's derived columns (:mod:`derived`; NULL where never set). Storage encodings show through:
   uint8/16/32 are widened to the next signed int (values are true), uint64 is
   bit-reinterpreted as int64, float16 is widened to float32 and complex values
   have a trailing ``[re, im]`` axis.
@@ -23,19 +24,25 @@ opened, so partition pruning is kept); a missing or truncated file raises
 (damage inside a file) is reported as ``CorruptionError`` too, except from a
 lazy relation returned by :func:`run_sql`, which DuckDB fetches in the caller.
 
-Statistics come from one SQL aggregate over the per-episode mergeable
-statistics (``stats/<key>/{count,sum,sumsq,min,max}``) written at commit time.
-They are loaded once per snapshot into a flat in-memory table in episode order
-(lists split into one column per channel), so a subset's statistics cost a
-``take`` of its rows plus one aggregate, never a pass over steps or tensors.
+``where()`` runs first over the snapshot's index columns, already in memory
+from its one index scan (:meth:`Snapshot.scan`); a predicate that needs other
+columns (per-step lists, statistics) runs over ``episodes`` instead.
+
+Statistics come from the per-episode mergeable statistics
+(``stats/<key>/{count,sum,sumsq,min,max}``) written at commit time, read
+once per snapshot, per field, and only from the table files that hold the
+collection's episodes, into a :class:`~episodelake.stats.StatsTable`; a
+subset's statistics are then one NumPy gather and reduction over its rows,
+never a pass over steps or tensors.
 """
 
 from __future__ import annotations
 
 import atexit
+import os
 import threading
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 import duckdb
@@ -43,11 +50,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .errors import CorruptionError, EpisodeLakeError, QueryError
+from .errors import ArgumentError, CorruptionError, EpisodeLakeError, QueryError
 from .schema import DatasetSchema, FieldSpec
 from .snapshot import Snapshot
 from .sql import quote, sql_template
-from .stats import STAT_PARTS, aggregate, split_channels, stat_column, stat_fields
+from .stats import STAT_PARTS, StatsTable, stat_column, stat_fields, value_moments, values_moments
 from .table import EpisodeTable
 
 
@@ -73,14 +80,20 @@ def next_key(f: FieldSpec) -> str:
     return f"next_{f.key}"
 
 
+POSITION = "__position"  # the in-memory index table's column of snapshot positions
+
+
 class _SnapshotSQL:
-    """Per-snapshot state: a DuckDB database, the id -> position map and the statistics table."""
+    """Per-snapshot state: a DuckDB connection, the in-memory index table and the statistics table."""
 
     def __init__(self, snap: Snapshot) -> None:
         self.snap = snap
-        self.db = duckdb.connect()
+        self.db = _database().cursor()
         self.lock = threading.Lock()
-        self._stats: dict[str, np.ndarray | pa.Array] = {}
+        self._stats: StatsTable | None = None
+        self._index: pa.Table | None = None
+        self._episode_values: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._stats_files: dict[str, np.ndarray] = {}  # field key -> which table files are in _stats
         self._files_checked = False
 
     def check_files(self, again: bool = False) -> None:
@@ -127,43 +140,88 @@ class _SnapshotSQL:
         hit[self.lookup(ids)] = True
         return np.flatnonzero(hit)
 
-    def stats_columns(self, fields: list[FieldSpec]) -> dict[str, np.ndarray | pa.Array]:
-        """Length, return and the statistics of ``fields`` split per channel, as arrays in episode order."""
+    def index_table(self, positions: np.ndarray | None) -> pa.Table:
+        """The index columns of the snapshot (or of ``positions`` only) with each row's :data:`POSITION`."""
+        scan = self.snap.scan()
+        if positions is not None:
+            return scan.table.take(pa.array(scan.order[positions])).append_column(POSITION, pa.array(positions))
         with self.lock:
-            todo = [f for f in fields if stat_column(f, "count") not in self._stats]
-            if todo or not self._stats:
-                self._stats.update(self._load_stats(todo, with_index=not self._stats))
-            return self._stats
+            if self._index is None:
+                position = np.empty_like(scan.order)
+                position[scan.order] = np.arange(len(position))
+                self._index = scan.table.append_column(POSITION, pa.array(position))
+            return self._index
 
-    def _load_stats(self, fields: list[FieldSpec], with_index: bool) -> dict[str, np.ndarray | pa.Array]:
-        base = ["length", "return"] if with_index else []
-        cols = [stat_column(f, p) for f in fields for p in STAT_PARTS]
-        tbl = self.snap._read_table(["episode_id", *base, *cols])
-        # rows come in file order: ``order`` puts them in episode order (snapshot positions)
-        pos = self.lookup(tbl.column("episode_id").to_numpy())
-        n = self.snap.num_episodes
-        if tbl.num_rows != n or (np.bincount(pos, minlength=n) != 1).any():
-            raise CorruptionError(f"snapshot version {self.snap.version}: episode ids in the table are not unique")
-        order = np.empty(tbl.num_rows, dtype=np.int64)
-        order[pos] = np.arange(tbl.num_rows)
-        out: dict[str, np.ndarray | pa.Array] = {}
-        for name in base:  # Arrow keeps a missing return NULL, so SQL aggregates skip it
-            out[name] = tbl.column(name).combine_chunks().take(pa.array(order))
-        out.update(split_channels(tbl, order, fields))
-        return out
+    def episode_values(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(length, return, whether the return is set) per scan row, as NumPy (a NULL return is skipped by stats)."""
+        with self.lock:
+            if self._episode_values is None:
+                table = self.snap.scan().table
+                returns = table.column("return").combine_chunks()
+                self._episode_values = (
+                    table.column("length").to_numpy(),
+                    returns.to_numpy(zero_copy_only=False),
+                    returns.is_valid().to_numpy(zero_copy_only=False),
+                )
+            return self._episode_values
+
+    def stats_table(self, fields: list[FieldSpec], rows: np.ndarray) -> StatsTable:
+        """The statistics table, holding ``fields`` at least for the scan ``rows``.
+
+        Reads the statistics columns of the fields still missing there, once,
+        from the table files holding ``rows`` only (partitions a collection
+        does not touch are never read).
+        """
+        with self.lock:
+            scan = self.snap.scan()
+            if self._stats is None:
+                self._stats = StatsTable(scan.table.num_rows)
+            needed = np.zeros(len(scan.fragments), dtype=bool)
+            needed[scan.file[rows]] = True
+            done = {f.key: self._stats_files.setdefault(f.key, np.zeros(len(needed), dtype=bool)) for f in fields}
+            todo = [f for f in fields if (needed & ~done[f.key]).any()]
+            if todo:
+                files = np.flatnonzero(np.logical_or.reduce([needed & ~done[f.key] for f in todo]))
+                columns = [stat_column(f, p) for f in todo for p in STAT_PARTS]
+                for rows_read, piece in self.snap.read_files(columns, files):
+                    for f in todo:
+                        self._stats.fill(f, rows_read, piece)
+                for f in todo:
+                    done[f.key][files] = True
+            return self._stats
 
 
 _STATE: weakref.WeakKeyDictionary[Snapshot, _SnapshotSQL] = weakref.WeakKeyDictionary()
 _STATE_LOCK = threading.Lock()
+_DB: tuple[int, duckdb.DuckDBPyConnection] | None = None
+_DB_LOCK = threading.Lock()  # not _STATE_LOCK: _state() holds that while it makes a state, which opens a connection
+
+
+def _database() -> duckdb.DuckDBPyConnection:
+    """The process's in-memory DuckDB database; each snapshot (and query) gets its own connection to it.
+
+    One database, not one per snapshot: opening a database costs 15-50 ms, a
+    connection microseconds, and a new snapshot per commit is a learner's
+    refresh. Temporary views and registered tables are per connection.
+    """
+    global _DB
+    with _DB_LOCK:
+        if _DB is None or _DB[0] != os.getpid():  # a forked process opens its own
+            _DB = (os.getpid(), duckdb.connect())
+        return _DB[1]
 
 
 @atexit.register
 def _close_databases_at_exit() -> None:
-    """Close every snapshot's DuckDB database before the interpreter tears down (its threads with it)."""
+    """Close every DuckDB connection and the database before the interpreter tears down (its threads with it)."""
     with _STATE_LOCK:
         states = list(_STATE.values())
+    with _DB_LOCK:
+        db = _DB
     for st in states:
         st.db.close()
+    if db is not None and db[0] == os.getpid():
+        db[1].close()
 
 
 def _state(snap: Snapshot) -> _SnapshotSQL:
@@ -178,9 +236,9 @@ def _is_view(collection: EpisodeCollection) -> bool:
     return getattr(collection, "_positions", None) is not None
 
 
-def _steps_columns(collection: EpisodeCollection) -> tuple[str, str]:
+def _steps_columns(snap: Snapshot) -> tuple[str, str]:
     unnest, columns = [], []
-    for f in collection.schema.table_step_fields:
+    for f in snap.schema.table_step_fields:
         col = quote(f.key)
         if f.role == "observation":
             unnest.append(f"unnest({col}[1:length]) AS {col}")
@@ -199,12 +257,16 @@ def connect(collection: EpisodeCollection) -> duckdb.DuckDBPyConnection:
     state.check_files()
     cur = state.db.cursor()
     cur.register("episode_table", snap.arrow_dataset())
-    restriction = ""
+    restriction = derived = join = ""
+    if snap.derived.fields:
+        cur.register("derived_table", snap.derived_values())
+        derived = "".join(f", derived_table.{quote(f.key)}" for f in snap.derived.fields)
+        join = "LEFT JOIN derived_table USING (episode_id)"
     if _is_view(collection):
         cur.register("view_ids", pa.table({"episode_id": pa.array(collection.episode_ids, pa.int64())}))
         restriction = "SEMI JOIN view_ids USING (episode_id)"
-    cur.execute(sql_template("episodes").substitute(restriction=restriction))
-    unnest, columns = _steps_columns(collection)
+    cur.execute(sql_template("episodes").substitute(derived=derived, join=join, restriction=restriction))
+    unnest, columns = _steps_columns(snap)
     cur.execute(sql_template("steps").substitute(unnest=unnest, columns=columns))
     return cur
 
@@ -216,6 +278,7 @@ def run_sql(collection: EpisodeCollection, query: str, params: Any = None) -> du
     """
     if not isinstance(query, str) or not query.strip():
         raise QueryError(f"query must be a non-empty SQL string, got {query!r}")
+    check_params(params, "sql()")
     cur = connect(collection)
     try:
         return cur.sql(query, params=params)
@@ -286,32 +349,74 @@ def _episode_ids(
     return ids.to_numpy()
 
 
-def where(collection: EpisodeCollection, predicate: str) -> tuple[Snapshot, np.ndarray]:
+def check_params(params: Any, what: str) -> Any:
+    """``params`` if DuckDB can bind it (None, a list/tuple of values or a mapping of names), else ArgumentError."""
+    if params is None or isinstance(params, list | tuple | Mapping):
+        return params
+    raise ArgumentError(f"{what}: params must be a list or tuple of values or a mapping of names, got {params!r}")
+
+
+def _predicate(predicate: Any, what: str) -> str:
+    """``predicate`` if it parses as exactly one SQL expression (placeholders allowed), else QueryError."""
+    if not isinstance(predicate, str) or not predicate.strip():
+        raise QueryError(f"{what} needs a SQL predicate string, got {predicate!r}")
+    try:
+        duckdb.SQLExpression(predicate)
+    except duckdb.Error as exc:
+        raise QueryError(f"invalid {what} predicate {predicate!r}: {exc}") from exc
+    return predicate
+
+
+def where(collection: EpisodeCollection, predicate: str, params: Any = None) -> tuple[Snapshot, np.ndarray]:
     """The episodes of ``collection`` for which the SQL ``predicate`` over ``episodes`` is true.
 
-    Returns the snapshot queried and their positions in it. ``predicate`` is
-    parsed as one SQL expression (anything else is a :class:`QueryError`).
+    Returns the snapshot queried and their positions in it. ``predicate`` must
+    parse as one SQL expression (anything else is a :class:`QueryError`);
+    ``params`` binds its ``?`` or ``$name`` placeholders (a sequence or a
+    mapping), by DuckDB. The predicate runs over the in-memory index columns
+    when it uses only those, else over ``episodes``.
     """
-    if not isinstance(predicate, str) or not predicate.strip():
-        raise QueryError(f"where() needs a SQL predicate string, got {predicate!r}")
-    ids = _episode_ids(
-        collection,
-        connect(collection),
-        lambda cur: cur.table("episodes").filter(predicate).project("episode_id"),
-        f"invalid where() predicate {predicate!r}",
-    )
-    return _subset(collection, ids)
+    _predicate(predicate, "where()")
+    check_params(params, "where()")
+    snap = collection.snapshot()
+    state = _state(snap)
+    state.check_files()
+    cur = state.db.cursor()
+    cur.register("episode_index", state.index_table(collection.positions if _is_view(collection) else None))
+    what = f"invalid where() predicate {predicate!r}"
+    # the predicate on lines of its own: a trailing -- comment cannot reach the closing parenthesis
+    condition = " WHERE (\n" + predicate + "\n)"
+    try:
+        try:
+            found = cur.sql(f"SELECT {quote(POSITION)} FROM episode_index" + condition, params=params)
+            positions = found.to_arrow_table().column(0).to_numpy()
+        except (duckdb.BinderException, duckdb.CatalogException):  # needs more than the index: other columns, views
+            ids = _episode_ids(
+                collection,
+                connect(collection),
+                lambda c: c.sql("SELECT episode_id FROM episodes" + condition, params=params),
+                what,
+            )
+            return _subset(collection, ids)
+    except duckdb.Error as exc:
+        raise _fetch_error(collection, exc, what) from exc
+    return snap, np.sort(positions)
 
 
-def select_episodes(collection: EpisodeCollection, query: str) -> tuple[Snapshot, np.ndarray]:
+def select_episodes(collection: EpisodeCollection, query: str, params: Any = None) -> tuple[Snapshot, np.ndarray]:
     """The episodes whose ``episode_id`` the SQL ``query`` returns (duplicates count once).
 
-    Returns the snapshot queried and their positions in it. Ids outside ``collection`` raise :class:`QueryError`.
+    Returns the snapshot queried and their positions in it. ``params`` binds the
+    query's placeholders. Ids outside ``collection`` raise :class:`QueryError`.
     """
     if not isinstance(query, str) or not query.strip():
         raise QueryError(f"select_episodes() needs a SQL query string, got {query!r}")
+    check_params(params, "select_episodes()")
     ids = _episode_ids(
-        collection, connect(collection), lambda cur: cur.sql(query), f"invalid select_episodes() query {query!r}"
+        collection,
+        connect(collection),
+        lambda cur: cur.sql(query, params=params),
+        f"invalid select_episodes() query {query!r}",
     )
     snap, positions = _subset(collection, ids)
     if _is_view(collection):
@@ -330,10 +435,30 @@ def stats(collection: EpisodeCollection, fields: Iterable[str] | None = None) ->
     episodes that have one). A field's values are per channel (the ``C`` axis
     of its layout, or the single axis of a 1-D field): ``count`` is an int
     (values per channel), the rest float64 arrays of shape ``[C]``; a field
-    without channels gives floats. An empty subset gives NaN. Computed by one
-    SQL aggregate over the commit-time statistics; no tensor is read.
+    without channels gives floats. An empty subset gives NaN. Computed from the
+    commit-time statistics of the collection's episodes; no tensor is read.
     """
-    specs = stat_fields(collection.schema, fields)
-    state = _state(collection.snapshot())
-    columns = state.stats_columns(specs)
-    return aggregate(state.db.cursor(), columns, specs, collection.positions if _is_view(collection) else None)
+    snap = collection.snapshot()
+    specs = stat_fields(snap.schema, fields)
+    scan = snap.scan()
+    state = _state(snap)
+    # sorted scan rows: sequential gathers (statistics of a set do not depend on its order)
+    rows = np.sort(scan.order[collection.positions]) if _is_view(collection) else np.arange(len(scan.order))
+    table = state.stats_table([f for f in specs if not f.derived], rows)
+    length, returns, has_return = state.episode_values()
+    out: dict[str, dict[str, Any]] = {
+        "episodes": {"count": len(rows)},
+        "length": value_moments(length[rows]),
+        "return": value_moments(returns[rows[has_return[rows]]]),
+    }
+    for f in specs:
+        out[f.key] = _derived_moments(snap, f, collection.positions) if f.derived else table.aggregate(f, rows)
+    return out
+
+
+def _derived_moments(snap: Snapshot, f: FieldSpec, positions: np.ndarray) -> dict[str, Any]:
+    """Statistics of derived per-step column ``f`` over the episodes at ``positions`` it was set for."""
+    chosen = np.zeros(snap.num_episodes, dtype=bool)
+    chosen[positions] = True
+    chosen &= snap.derived_values().column(f.key).is_valid().to_numpy(zero_copy_only=False)
+    return values_moments(f, snap.table_field(f)[np.repeat(chosen, np.diff(snap.offsets(f)))])

@@ -60,6 +60,7 @@ STRING_LIMIT = 4096  # longest accepted meta string, in bytes
 
 _NAME_PART = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
 _NUMERIC_KINDS = "biufc"
+_KIND_RANK = {"b": 0, "u": 1, "i": 1, "f": 2, "c": 3}  # a value may be of its field's kind or a narrower one
 
 
 def role_of(name: str) -> str:
@@ -154,6 +155,16 @@ class FieldSpec:
             :class:`ValidationError`; an episode whose required fields are
             still missing waits for them after its last step. ``False``
             (default): the field is nullable (missing -> NULL).
+        default: step fields only. A value of the field's shape (and dtype, or a
+            narrower kind, as for writes) stored when a step omits the field;
+            ``None`` (default): the field must be given. Checked here, so a bad
+            default raises :class:`SchemaError` naming the field; kept
+            normalized as nested lists (``default_value`` is the array).
+        derived: a column added after the fact (``Dataset.add_column`` /
+            ``Dataset.update``, see docs/replay.md): never written with
+            episodes, stored in the table (not tensors); a step field's
+            ``default`` fills steps of episodes never updated (else NaN for
+            floats, zero otherwise), a meta field reads None there.
     """
 
     name: str
@@ -167,7 +178,10 @@ class FieldSpec:
     compression: str | None = None
     description: str = ""
     required: bool = False
+    default: Any = field(default=None, hash=False)  # normalized to nested lists (unhashable)
+    derived: bool = False
     np_dtype: np.dtype = field(init=False, repr=False, compare=False)
+    default_value: np.ndarray | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         role = role_of(self.role)
@@ -201,6 +215,17 @@ class FieldSpec:
             raise SchemaError(f"field {self.name!r}: required must be a bool")
         if self.required and role != "meta":
             raise SchemaError(f"field {self.name!r}: only meta fields can be required (step fields always are)")
+        if not isinstance(self.derived, bool):
+            raise SchemaError(f"field {self.name!r}: derived must be a bool")
+        if self.derived and (self.storage == "tensor" or self.required):
+            raise SchemaError(
+                f"derived field {self.name!r}: derived columns live in the table (no storage='tensor') "
+                "and are never required"
+            )
+        value = None if self.default is None else _check_default(self)
+        object.__setattr__(self, "default_value", value)
+        if value is not None:
+            object.__setattr__(self, "default", value.tolist())
 
     @property
     def key(self) -> str:
@@ -216,7 +241,7 @@ class FieldSpec:
     @property
     def in_tensor(self) -> bool:
         """True when the field lives in a Zarr tensor array rather than the table."""
-        if self.role == "meta":
+        if self.role == "meta" or self.derived:
             return False
         if self.storage == "auto":
             return self.step_bytes > TABLE_STEP_LIMIT
@@ -267,11 +292,53 @@ class FieldSpec:
             "compression": self.compression,
             "description": self.description,
             **({"required": True} if self.required else {}),
+            **({"default": _default_to_json(self.default_value)} if self.default_value is not None else {}),
+            **({"derived": True} if self.derived else {}),
         }
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> FieldSpec:
-        return cls(**{**obj, "shape": tuple(obj["shape"])})
+        spec = {**obj, "shape": tuple(obj["shape"])}
+        if "default" in obj:
+            spec["default"] = _default_from_json(obj["default"], normalize_dtype(obj["dtype"]))
+        return cls(**spec)
+
+
+def _check_default(f: FieldSpec) -> np.ndarray:
+    """``f.default`` as a read-only array of ``f``'s dtype and shape (write rules), or SchemaError."""
+    if f.role == "meta":
+        raise SchemaError(f"meta field {f.name!r}: default is for step fields (a missing meta value is NULL)")
+    try:
+        arr = np.asarray(f.default)
+    except Exception as exc:
+        raise SchemaError(f"field {f.name!r}: default is not array-like: {exc}") from exc
+    dt = f.np_dtype
+    if arr.shape != f.shape:
+        raise SchemaError(f"field {f.name!r}: default has shape {arr.shape}, expected {f.shape}")
+    if arr.dtype.kind not in _KIND_RANK or _KIND_RANK[arr.dtype.kind] > _KIND_RANK[dt.kind]:
+        raise SchemaError(f"field {f.name!r}: default has dtype {arr.dtype}, expected {dt}")
+    if dt.kind in "iu" and arr.size and arr.dtype.kind in "iu":
+        info = np.iinfo(dt)
+        if arr.min() < info.min or arr.max() > info.max:
+            raise SchemaError(f"field {f.name!r}: default values do not fit {dt}")
+    out = arr.astype(dt)
+    if f.finite and dt.kind in "fc" and not np.isfinite(out).all():
+        raise SchemaError(f"field {f.name!r}: default has NaN or infinity but the field is finite=True")
+    out.flags.writeable = False
+    return out
+
+
+def _default_to_json(value: np.ndarray) -> Any:
+    # JSON has no complex numbers: a trailing (re, im) axis, as in the table's storage.
+    return np.stack([value.real, value.imag], axis=-1).tolist() if value.dtype.kind == "c" else value.tolist()
+
+
+def _default_from_json(value: Any, dtype: np.dtype) -> np.ndarray:
+    # JSON numbers are exact for their dtype; reading them as it keeps e.g. uint64 above 2**63 integral.
+    if dtype.kind != "c":
+        return np.asarray(value, dtype=dtype)
+    pairs = np.asarray(value, dtype=dtype.type(0).real.dtype)
+    return pairs[..., 0] + 1j * pairs[..., 1]
 
 
 class DatasetSchema:
@@ -294,7 +361,7 @@ class DatasetSchema:
             if f.role == "meta" and (f.name in RESERVED_COLUMNS or "/" in f.name):
                 raise SchemaError(f"meta field name {f.name!r} is reserved or nested")
         for role in ("observation", "action", "reward"):
-            if not any(f.role == role for f in self.fields):
+            if not any(f.role == role and not f.derived for f in self.fields):
                 raise SchemaError(f"schema needs at least one {role} field")
         self._by_key = {f.key: f for f in self.fields}
         self._by_role = {r: tuple(f for f in self.fields if f.role == r) for r in ROLES}
@@ -340,6 +407,21 @@ class DatasetSchema:
     @property
     def table_step_fields(self) -> tuple[FieldSpec, ...]:
         return tuple(f for f in self.step_fields if not f.in_tensor)
+
+    @property
+    def derived_fields(self) -> tuple[FieldSpec, ...]:
+        """The derived columns (``FieldSpec(derived=True)``), in declaration order."""
+        return tuple(f for f in self.fields if f.derived)
+
+    @property
+    def base(self) -> DatasetSchema:
+        """The schema without derived columns: what episodes are written with."""
+        return DatasetSchema(f for f in self.fields if not f.derived) if self.derived_fields else self
+
+    def with_derived(self, derived: Iterable[FieldSpec]) -> DatasetSchema:
+        """This schema plus the derived columns ``derived`` (none: this schema itself)."""
+        extra = tuple(derived)
+        return DatasetSchema([*self.fields, *extra]) if extra else self
 
     def to_json(self) -> list[dict[str, Any]]:
         return [f.to_json() for f in self.fields]

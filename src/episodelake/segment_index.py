@@ -30,6 +30,7 @@ import numpy as np
 from .errors import ArgumentError
 
 PAD_MODES = ("suffix", "prefix", None)
+GUIDE_MIN_BATCH_SHARE = 64  # a draw of fewer than episodes / 64 ids binary-searches rather than build the guide
 
 
 def check_pad(pad: str | None) -> str | None:
@@ -80,25 +81,70 @@ class SegmentIndex:
         if isinstance(rank, bool) or not isinstance(rank, int | np.integer) or not 0 <= rank < world:
             raise ArgumentError(f"shard rank must be an int in [0, {world}), got {rank!r}")
         self.rank, self.world = int(rank), world
-        self.positions = np.asarray(positions, dtype=np.int64)
-        self.lengths = np.asarray(lengths, dtype=np.int64)
-        if self.positions.shape != self.lengths.shape:
+        self.reset(np.asarray(positions, dtype=np.int64), np.asarray(lengths, dtype=np.int64))
+
+    def reset(self, positions: np.ndarray, lengths: np.ndarray) -> None:
+        """Index these episodes instead (same sequence length, pad, stride and shard)."""
+        if positions.shape != lengths.shape:
             raise ArgumentError("positions and lengths must have the same shape")
-        L = self.sequence_length
-        full = np.where(self.lengths >= L, (self.lengths - L) // self.stride + 1, 0)
-        short = (self.lengths < L) & (self.lengths > 0)
-        self.counts = full + (short if pad is not None else 0)
+        self.positions, self.lengths = positions, lengths
+        self.counts = self._counts(lengths)
         self.cum = np.concatenate([[0], np.cumsum(self.counts)]).astype(np.int64)
-        self.total = int(self.cum[-1])
-        # Guide table (Chen & Asau): bucket b of the segment ids starts in episode guide[b], so
-        # locating a segment is a table lookup plus a short forward scan: O(1) expected per item.
-        self.buckets = max(1, len(self.counts))
-        edges = (np.arange(self.buckets, dtype=np.int64) * self.total) // self.buckets
-        self.guide = np.searchsorted(self.cum, edges, side="right") - 1
+        self.shard_cum = self._shard_cum(self.cum)
+        self._finish()
+
+    def _counts(self, lengths: np.ndarray) -> np.ndarray:
+        L = self.sequence_length
+        full = np.where(lengths >= L, (lengths - L) // self.stride + 1, 0)
+        short = (lengths < L) & (lengths > 0)
+        return full + (short if self.pad is not None else 0)
+
+    def _shard_cum(self, cum: np.ndarray) -> np.ndarray:
         # shard-local counts per episode: ids in [cum[k], cum[k + 1]) congruent to rank
-        first = -((rank - self.cum) // world)  # ceil((cum - rank) / world)
-        self.shard_cum = np.maximum(first, 0)
+        first = -((self.rank - cum) // self.world)  # ceil((cum - rank) / world)
+        return np.maximum(first, 0)
+
+    def _finish(self) -> None:
+        self.total = int(self.cum[-1])
         self.shard_counts = np.diff(self.shard_cum)
+        self._guide: np.ndarray | None = None
+
+    def extend(self, positions: np.ndarray, lengths: np.ndarray) -> None:
+        """Append episodes at the end of the collection: ``O(new episodes)`` of arithmetic.
+
+        ``positions`` are the snapshot positions of ALL episodes, old ones
+        first (they may have moved, e.g. when an episode outside the
+        collection was removed); ``lengths`` those of the appended episodes
+        only. Segment ids of the old episodes keep their meaning.
+        """
+        positions = np.asarray(positions, dtype=np.int64)
+        lengths = np.asarray(lengths, dtype=np.int64)
+        if len(positions) != len(self.positions) + len(lengths):
+            raise ArgumentError("extend: positions must list the old episodes and then the appended ones")
+        counts = self._counts(lengths)
+        cum = self.total + np.cumsum(counts, dtype=np.int64)
+        self.positions = positions
+        self.lengths = np.concatenate([self.lengths, lengths])
+        self.counts = np.concatenate([self.counts, counts])
+        self.cum = np.concatenate([self.cum, cum])
+        self.shard_cum = np.concatenate([self.shard_cum, self._shard_cum(cum)])
+        self._finish()
+
+    @property
+    def guide(self) -> np.ndarray:
+        """Guide table (Chen & Asau): bucket ``b`` of the segment ids starts in episode ``guide[b]``.
+
+        Built on first use after a change, so an index that grows between
+        small draws never pays for it (they binary-search instead).
+        """
+        if self._guide is None:
+            edges = (np.arange(self.buckets, dtype=np.int64) * self.total) // self.buckets
+            self._guide = np.searchsorted(self.cum, edges, side="right") - 1
+        return self._guide
+
+    @property
+    def buckets(self) -> int:
+        return max(1, len(self.counts))
 
     def __len__(self) -> int:
         """Segments in this shard."""
@@ -132,11 +178,15 @@ class SegmentIndex:
     def locate_global(self, gid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`locate` for global segment ids (any shard's), ``0 <= gid < total``."""
         gid = np.asarray(gid, dtype=np.int64)
-        k = self.guide[(gid * self.buckets) // max(self.total, 1)] if gid.size else gid
-        behind = self.cum[k + 1] <= gid
-        while behind.any():
-            k = k + behind
+        if gid.size * GUIDE_MIN_BATCH_SHARE < len(self.counts) and self._guide is None:
+            k = np.searchsorted(self.cum, gid, side="right") - 1  # a small draw: log(episodes) each
+        else:
+            # locating by the guide table is a table lookup plus a short forward scan: O(1) expected per item
+            k = self.guide[(gid * self.buckets) // max(self.total, 1)] if gid.size else gid
             behind = self.cum[k + 1] <= gid
+            while behind.any():
+                k = k + behind
+                behind = self.cum[k + 1] <= gid
         row = (gid - self.cum[k]) * self.stride
         if self.pad == "prefix":
             short = self.lengths[k] - self.sequence_length

@@ -20,15 +20,18 @@ import threading
 import weakref
 import zlib
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as pads
 import tensorstore as ts
 
 from . import layout
+from .derived import ID, DerivedState, side_values
 from .episode import extra_rows, rows_for
 from .errors import CorruptionError
 from .schema import FieldSpec, from_storage, storage_dtype
@@ -37,6 +40,7 @@ from .table import EpisodeTable
 from .tensors import PlainArray, TensorArray, engine_usable, make_context, read_many, split_ref
 
 INDEX_COLUMNS = ("episode_id", "writer", "length", "terminated", "truncated", "return", "created_at")
+FILE_COLUMN = "__fragment_index"  # Arrow's scan column: the index of the file a row was read from
 
 
 def flatten_lists(col: pa.ChunkedArray | pa.Array, depth: int) -> np.ndarray:
@@ -69,10 +73,9 @@ def decode_meta(col: pa.ChunkedArray, f: FieldSpec) -> np.ndarray:
 
 
 class LazyIndex(Mapping[str, np.ndarray]):
-    """The snapshot's index columns, each read from the table on first access.
+    """The snapshot's index columns in episode order, each decoded from the one index scan on first access.
 
-    ``where()`` on a million episodes needs only ids and order; sampling loads
-    the columns it uses. Picklable: loaded columns travel to worker processes.
+    Picklable: decoded columns travel to worker processes.
     """
 
     def __init__(self, snap: Snapshot, names: list[str]) -> None:
@@ -95,12 +98,55 @@ class LazyIndex(Mapping[str, np.ndarray]):
     def __len__(self) -> int:
         return len(self._names)
 
+    @property
+    def loaded(self) -> dict[str, np.ndarray]:
+        """The columns decoded so far."""
+        with self._lock:
+            return dict(self._cols)
+
     def __getstate__(self) -> dict[str, Any]:
         return {"_snap": self._snap, "_names": self._names, "_cols": self._cols}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class IndexScan:
+    """The one read of a snapshot's index columns, in table-scan order.
+
+    ``table``: the index columns (storage types); ``order``: the scan row of
+    each snapshot position; ``file``: the table file (fragment) each scan row
+    came from; ``fragments``: those files, in the order ``file`` indexes.
+    """
+
+    table: pa.Table
+    order: np.ndarray
+    file: np.ndarray
+    fragments: list[pads.Fragment]
+    kept: int = 0  # leading positions whose episodes (and order) are those of the scan this one extends
+
+    def rows_of_files(self, files: np.ndarray) -> list[np.ndarray]:
+        """The scan rows of each table file in ``files``, in the file's own row order."""
+        by_file, starts = self._by_file
+        return [by_file[starts[j] : starts[j + 1]] for j in files]
+
+    @cached_property
+    def _by_file(self) -> tuple[np.ndarray, np.ndarray]:
+        counts = np.bincount(self.file, minlength=len(self.fragments))
+        return np.argsort(self.file, kind="stable"), np.concatenate([[0], np.cumsum(counts)])
+
+
+@dataclass(frozen=True)
+class ScanBase:
+    """What a snapshot of a newer version keeps of an older one's: its index scan and decoded index columns."""
+
+    url: str
+    version: int
+    scan: IndexScan
+    columns: dict[str, np.ndarray]
+    derived: tuple[DerivedState, pa.Table] | None = None  # its derived state and values, once read
 
 
 _LIVE: weakref.WeakSet[Snapshot] = weakref.WeakSet()
@@ -131,26 +177,51 @@ class Snapshot:
 
     verify = False
 
-    def __init__(self, store: Store) -> None:
-        """The store's table at its pinned version; tensors are read through the store's TensorStore context."""
+    def __init__(self, store: Store, base: ScanBase | None = None) -> None:
+        """The store's table at its pinned version; tensors are read through the store's TensorStore context.
+
+        ``base`` (:meth:`successor_base` of a snapshot of an older version of
+        the same table): when no table file was removed since (no compaction,
+        delete or eviction), the index scan reads only the files added since
+        and keeps the decoded columns, so a learner's refresh costs O(new
+        episodes) of reading and decoding.
+        """
         self.loc = store.location
-        self.schema = store.schema
+        self.derived = DerivedState.of(store.table.dt)  # derived columns as of this version (derived.py)
+        self.schema = store.schema.with_derived(self.derived.fields)
         self.version = store.version
         self._dataset = store.table.dataset()
         self._context: ts.Context | None = store.context
         self._lock = threading.Lock()
         self._fields: dict[str, np.ndarray] = {}
+        self._derived_values: pa.Table | None = None
         self._arrays: dict[tuple[str, int, str], TensorArray | PlainArray] = {}
         self._arrays_pid = os.getpid()
         self._verified: set[tuple[str, int]] = set()
+        self._scan: IndexScan | None = None
+        self._scan_lock = threading.Lock()
+        grows = base is not None and base.url == self.loc.url and base.version < self.version
+        self._base = base.scan if grows and base is not None else None
+        self._base_columns = dict(base.columns) if grows and base is not None else {}
+        self._base_derived = base.derived if grows and base is not None else None
         self.window_reader: Any = None  # the batch reader, built once by batching.reader_for (pickled along)
         _LIVE.add(self)
 
     def __getstate__(self) -> dict[str, Any]:
-        # Worker processes get the loaded NumPy caches; the Arrow dataset, the
-        # TensorStore context/handles and the lock are per process.
+        # Worker processes get the loaded NumPy caches; the Arrow dataset and index
+        # scan, the TensorStore context/handles and the locks are per process.
         state = self.__dict__.copy()
-        for name in ("_dataset", "_context", "_lock", "_arrays"):
+        for name in (
+            "_dataset",
+            "_context",
+            "_lock",
+            "_arrays",
+            "_scan",
+            "_scan_lock",
+            "_base",
+            "_base_columns",
+            "_base_derived",
+        ):
             del state[name]
         return state
 
@@ -159,56 +230,151 @@ class Snapshot:
         self._dataset = None
         self._context = None  # made on first tensor read (a forked process reads without TensorStore)
         self._lock = threading.Lock()
+        self._scan, self._scan_lock = None, threading.Lock()
+        self._base, self._base_columns, self._base_derived = None, {}, None
         _LIVE.add(self)
         self._arrays = {}
         self._arrays_pid = os.getpid()
 
-    def _read_table(self, columns: list[str]) -> pa.Table:
+    def _read_table(self, columns: list[str], dataset: pads.Dataset | None = None) -> pa.Table:
+        """``columns`` of every row of the table (or of ``dataset``, some of its files); damage is CorruptionError."""
         try:
-            return self.arrow_dataset().to_table(columns=columns)
+            return (dataset or self.arrow_dataset()).to_table(columns=columns)
         except (OSError, pa.ArrowException) as exc:
-            where = f"{self.loc.url} version {self.version}: episode table unreadable"
-            for fragment in self.arrow_dataset().get_fragments():  # Arrow does not always name the damaged file
-                try:
-                    fragment.to_table(columns=[c for c in columns if c in fragment.physical_schema.names])
-                except (OSError, pa.ArrowException):
-                    where += f" at {self.loc.child(*layout.table_parts(fragment.path))}"
-                    break
-            raise CorruptionError(f"{where}: {exc}") from exc
+            raise self._unreadable(columns, exc) from exc
+
+    def _unreadable(self, columns: list[str], exc: Exception) -> CorruptionError:
+        where = f"{self.loc.url} version {self.version}: episode table unreadable"
+        for fragment in self.arrow_dataset().get_fragments():  # Arrow does not always name the damaged file
+            try:
+                fragment.to_table(columns=[c for c in columns if c in fragment.physical_schema.names])
+            except (OSError, pa.ArrowException):
+                where += f" at {self.loc.child(*layout.table_parts(fragment.path))}"
+                break
+        return CorruptionError(f"{where}: {exc}")
 
     def arrow_dataset(self):
         if self._dataset is None:  # unpickled in another process: reopen the pinned version
             self._dataset = EpisodeTable.open(self.loc, self.version).dataset()
         return self._dataset
 
-    @cached_property
-    def _order(self) -> tuple[np.ndarray, np.ndarray]:
-        """(episode ids in table-scan order, the permutation that puts rows in episode order)."""
-        tbl = self._read_table(["episode_id", "created_at"])
-        ids = tbl.column("episode_id").to_numpy()
-        created = tbl.column("created_at").combine_chunks().cast(pa.int64()).to_numpy()
-        return ids, np.lexsort((ids, created))
+    def successor_base(self) -> ScanBase | None:
+        """What a snapshot of a newer version of this table can grow from (None before the index scan)."""
+        scan = self._scan
+        if scan is None:
+            return None
+        values = self._derived_values
+        derived = None if values is None else (self.derived, values)
+        return ScanBase(self.loc.url, self.version, scan, self.index.loaded, derived)
 
-    @cached_property
-    def index(self) -> Mapping[str, np.ndarray]:
-        """Index columns (+ meta and tensor refs) as NumPy in episode order, each loaded on first use."""
+    def index_columns(self) -> list[str]:
+        """The columns of the one index scan: episode index, meta fields, tensor refs and checksums."""
         cols = list(INDEX_COLUMNS)
-        cols += [f.key for f in self.schema.meta_fields]
+        cols += [f.key for f in self.schema.meta_fields if not f.derived]
         for f in self.schema.tensor_fields:
             cols += [f"ref/{f.key}", f"crc/{f.key}"]
-        return LazyIndex(self, cols)
+        return cols
+
+    def scan(self) -> IndexScan:
+        """The index columns of every episode, read from the table in ONE scan on first need.
+
+        Everything positional (order, ids, lengths, meta, refs, the in-memory
+        ``where()``) derives from it; statistics and small per-step fields are
+        read later, and only where used.
+        """
+        with self._scan_lock:
+            if self._scan is None:
+                fragments = list(self.arrow_dataset().get_fragments())
+                base, self._base = self._base, None
+                grown = self._grow(base, fragments) if base is not None else None
+                if grown is None:
+                    tbl, file = self._scan_files(fragments)
+                    self._scan = IndexScan(tbl, _episode_order(tbl), file, fragments)
+                else:
+                    self._scan = grown
+            return self._scan
+
+    def _scan_files(
+        self, fragments: list[pads.Fragment], files: np.ndarray | None = None
+    ) -> tuple[pa.Table, np.ndarray]:
+        """The index columns of table files ``files`` (of ``fragments``; None: all) and each row's file."""
+        picked = None
+        if files is not None:
+            whole = self.arrow_dataset()
+            picked = pads.FileSystemDataset([fragments[j] for j in files], whole.schema, whole.format, whole.filesystem)
+        tbl = self._read_table([*self.index_columns(), FILE_COLUMN], picked)
+        file = tbl.column(FILE_COLUMN).to_numpy().astype(np.int64)
+        return tbl.drop_columns([FILE_COLUMN]), file if files is None else files[file]
+
+    def _grow(self, base: IndexScan, fragments: list[pads.Fragment]) -> IndexScan | None:
+        """``base`` (an older version's scan) plus the files added since; None when a file was removed."""
+        where = {f.path: j for j, f in enumerate(fragments)}
+        if any(f.path not in where for f in base.fragments):
+            return None  # compaction, delete or eviction rewrote the table: scan it all
+        known = {f.path for f in base.fragments}
+        new_files = np.array([j for j, f in enumerate(fragments) if f.path not in known], np.int64)
+        added, file = self._scan_files(fragments, new_files)
+        if not added.schema.equals(base.table.schema):
+            return None
+        old_file = np.array([where[f.path] for f in base.fragments], dtype=np.int64)[base.file]
+        n_old = base.table.num_rows
+        table = pa.concat_tables([base.table, added])
+        order = _episode_order(added) + n_old
+        # appends by one writer come after every episode it had: positions stay, only new ones follow
+        if n_old and len(order) and table_key(base.table, int(base.order[-1])) > table_key(table, int(order[0])):
+            return IndexScan(table, _episode_order(table), np.concatenate([old_file, file]), fragments)
+        return IndexScan(table, np.concatenate([base.order, order]), np.concatenate([old_file, file]), fragments, n_old)
+
+    def read_files(self, columns: list[str], files: np.ndarray) -> Iterator[tuple[np.ndarray, pa.Table]]:
+        """``columns`` of the episodes stored in table files ``files`` (indexes into :attr:`IndexScan.fragments`).
+
+        One scan of those files only, streamed: ``(scan rows, their columns)``
+        one record batch at a time (rows of one file, increasing), so the
+        whole read is never held in memory. Damage, or a file whose row count
+        changed since the index scan, raises CorruptionError.
+        """
+        scan = self.scan()
+        rows = np.concatenate([np.empty(0, np.int64), *scan.rows_of_files(files)])
+        whole = self.arrow_dataset()
+        fragments = [scan.fragments[j] for j in files]
+        picked = pads.FileSystemDataset(fragments, whole.schema, whole.format, whole.filesystem)
+        start = 0
+        try:
+            for batch in picked.to_batches(columns=columns):  # in file order, each file's rows in order
+                piece = rows[start : start + batch.num_rows]
+                start += batch.num_rows
+                if len(piece) == batch.num_rows:
+                    yield piece, pa.Table.from_batches([batch])
+        except (OSError, pa.ArrowException) as exc:
+            raise self._unreadable(columns, exc) from exc
+        if start != len(rows):
+            raise CorruptionError(
+                f"{self.loc.url} version {self.version}: table files hold {start} rows, the index scan read {len(rows)}"
+            )
+
+    @cached_property
+    def index(self) -> LazyIndex:
+        """Index columns (+ meta and tensor refs) as NumPy in episode order, each decoded on first use."""
+        derived = [f.key for f in self.schema.meta_fields if f.derived]
+        return LazyIndex(self, [*self.index_columns(), *derived])
 
     def load_index_column(self, name: str) -> np.ndarray:
-        """One index column in episode order (meta columns decoded to the schema dtype)."""
-        scan_ids, order = self._order
-        if name == "episode_id":
-            return scan_ids[order]
-        tbl = self._read_table(["episode_id", name])
-        col = tbl.column(name).combine_chunks()
-        ids = tbl.column("episode_id").to_numpy()
-        # scans are deterministic, so rows normally come in the order of the first read
-        rows = order if np.array_equal(ids, scan_ids) else np.argsort(self.positions_of(ids), kind="stable")
-        col = col.take(pa.array(rows))
+        """One index column in episode order (meta columns decoded to the schema dtype).
+
+        After a grown scan, the older snapshot's decoded column is kept and
+        only the new episodes are decoded.
+        """
+        f = self.schema[name] if name in {d.key for d in self.derived.fields} else None
+        if f is not None:
+            return decode_meta(self.derived_values().column(f.key), f)
+        scan = self.scan()
+        kept = self._base_columns.pop(name, None) if scan.kept else None
+        if kept is not None and len(kept) == scan.kept:
+            return np.concatenate([kept, self._decode(name, scan.order[scan.kept :])])
+        return self._decode(name, scan.order)
+
+    def _decode(self, name: str, rows: np.ndarray) -> np.ndarray:
+        col = self.scan().table.column(name).take(pa.array(rows)).combine_chunks()
         meta = {f.key: f for f in self.schema.meta_fields}
         return decode_meta(col, meta[name]) if name in meta else col.to_numpy(zero_copy_only=False)
 
@@ -254,16 +420,53 @@ class Snapshot:
             out[f.name] = v if v is None or isinstance(v, str) else np.asarray(v, f.np_dtype)[()]
         return out
 
+    def derived_values(self) -> pa.Table:
+        """``episode_id`` and every derived column, one row per episode in episode order (NULL: never set).
+
+        Read once from the side table at the version this snapshot records;
+        rows of episodes not in this snapshot (deleted, evicted) are dropped.
+        A snapshot grown from an older one that read them, with no update
+        since, keeps its rows and adds NULL rows for the new episodes.
+        """
+        scan = self.scan()
+        with self._lock:
+            base, self._base_derived = self._base_derived, None
+            grows = base is not None and base[0] == self.derived and scan.kept == base[1].num_rows > 0
+            if self._derived_values is None and grows and base is not None:
+                self._derived_values = _extended(base[1], self.index["episode_id"][scan.kept :])
+            if self._derived_values is None:
+                side = side_values(self.loc, self.derived)
+                sorted_ids, pos = self._id_lookup
+                ids = side.column(ID).to_numpy()
+                at = np.searchsorted(sorted_ids, ids).clip(max=max(len(sorted_ids) - 1, 0))
+                hit = sorted_ids[at] == ids if len(sorted_ids) else np.zeros(len(ids), dtype=bool)
+                row = np.full(self.num_episodes, -1, dtype=np.int64)
+                row[pos[at[hit]]] = np.flatnonzero(hit)
+                taken = side.drop_columns([ID]).take(pa.array(row, mask=row < 0))
+                ids_col = pa.array(self.index["episode_id"], pa.int64())
+                self._derived_values = taken.add_column(0, ID, ids_col)
+            return self._derived_values
+
     def table_field(self, f: FieldSpec) -> np.ndarray:
-        """All rows of a small per-step field, episode after episode, schema dtype."""
+        """All rows of a small per-step field, episode after episode, schema dtype.
+
+        A derived column's rows of episodes it was never set for hold its
+        ``default`` (else NaN for floats, zero otherwise).
+        """
         with self._lock:
             if f.key in self._fields:
                 return self._fields[f.key]
+        if f.derived:
+            col = self.derived_values().column(f.key).combine_chunks()
+        else:
             tbl = self._read_table(["episode_id", f.key])
             pos = self.positions_of(tbl.column("episode_id").to_numpy())
             col = tbl.column(f.key).combine_chunks().take(pa.array(np.argsort(pos)))
+        with self._lock:
             listed = pc.list_value_length(col).to_numpy(zero_copy_only=False)
             want = np.diff(self.offsets(f))
+            unset = col.is_null().to_numpy(zero_copy_only=False)
+            listed = np.where(unset, want, listed)
             if len(listed) != len(want) or (listed != want).any():
                 bad = int(np.flatnonzero(listed != want)[0]) if len(listed) == len(want) else 0
                 raise CorruptionError(
@@ -272,13 +475,15 @@ class Snapshot:
                 )
             depth = 1 + len(f.shape) + (1 if f.np_dtype.kind == "c" else 0)
             values = flatten_lists(col, depth)
-            rows = self.offsets(f)[-1]
+            rows = int(want[~unset].sum())
             inner = f.shape + ((2,) if f.np_dtype.kind == "c" else ())
             if values.size != rows * int(np.prod(inner, dtype=np.int64)):
                 raise CorruptionError(
                     f"field {f.key!r}: table holds {values.size} values, episode lengths imply {rows} rows"
                 )
             arr = from_storage(values.reshape(rows, *inner), f.np_dtype)
+            if unset.any():
+                arr = _with_unset_rows(f, arr, np.repeat(unset, want))
             self._fields[f.key] = arr
             return arr
 
@@ -364,3 +569,33 @@ class Snapshot:
         if zlib.crc32(np.ascontiguousarray(rows).data) != int(self.index[f"crc/{f.key}"][p]):
             raise CorruptionError(f"{where} fail their CRC-32 check")
         self._verified.add((f.key, p))
+
+
+def _extended(values: pa.Table, ids: np.ndarray) -> pa.Table:
+    """``values`` (derived values) followed by one all-NULL row for each episode of ``ids``."""
+    tail = {ID: pa.array(ids, pa.int64())}
+    tail |= {f.name: pa.nulls(len(ids), f.type) for f in values.schema if f.name != ID}
+    return pa.concat_tables([values, pa.table(tail, schema=values.schema)])
+
+
+def _with_unset_rows(f: FieldSpec, values: np.ndarray, unset: np.ndarray) -> np.ndarray:
+    """``values`` (the set rows) spread over all rows, the ``unset`` ones holding the derived column's fill."""
+    if f.default_value is not None:
+        fill: Any = f.default_value
+    else:
+        fill = np.nan if f.np_dtype.kind in "fc" else 0
+    out = np.empty((len(unset), *f.shape), f.np_dtype)
+    out[unset] = fill
+    out[~unset] = values
+    return out
+
+
+def table_key(table: pa.Table, row: int) -> tuple[int, int]:
+    """The ``(created_at, episode_id)`` episode-order key of ``table``'s row ``row``."""
+    return table.column("created_at")[row].cast(pa.int64()).as_py(), table.column("episode_id")[row].as_py()
+
+
+def _episode_order(table: pa.Table) -> np.ndarray:
+    """The permutation putting ``table``'s rows in episode order ``(created_at, episode_id)``."""
+    created = table.column("created_at").combine_chunks().cast(pa.int64()).to_numpy()
+    return np.lexsort((table.column("episode_id").to_numpy(), created))

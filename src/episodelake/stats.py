@@ -6,23 +6,23 @@ per channel (the ``C`` axis of its layout, every element of a 1-D field, or a
 single channel), stored in the table columns ``stats/<key>/<part>``
 (:func:`stat_column`). Parts of disjoint row sets merge exactly
 (:func:`merge_stats`), so a commit summarizes piece by piece and a subset's
-statistics are one SQL aggregate over its episodes' parts (:func:`aggregate`),
-never a pass over steps or tensors.
+statistics are one vectorized reduction over its episodes' parts
+(:class:`StatsTable`), never a pass over steps or tensors.
 """
 
 from __future__ import annotations
 
+import mmap
+import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from .errors import CorruptionError, QueryError
 from .schema import DatasetSchema, FieldSpec
-from .sql import quote, sql_template
 
 STAT_PARTS = ("count", "sum", "sumsq", "min", "max")
 MOMENTS = ("count", "sum", "mean", "std", "min", "max")
@@ -37,11 +37,6 @@ def has_stats(field: FieldSpec) -> bool:
 def stat_column(field: FieldSpec, part: str) -> str:
     """The episode table column holding statistic ``part`` of ``field``."""
     return f"stats/{field.key}/{part}"
-
-
-def channel_column(f: FieldSpec, part: str, channel: int) -> str:
-    """Column of the aggregated ``episode_stats`` table holding statistic ``part`` of one channel of ``f``."""
-    return f"{stat_column(f, part)}/{channel}"
 
 
 def episode_stats(f: FieldSpec, values: np.ndarray) -> dict[str, Any]:
@@ -112,95 +107,134 @@ def stat_fields(schema: DatasetSchema, fields: Iterable[str] | None) -> list[Fie
     return out
 
 
-def split_channels(tbl: pa.Table, order: np.ndarray, fields: Iterable[FieldSpec]) -> dict[str, np.ndarray]:
-    """The statistics columns of ``fields`` in ``tbl`` as flat arrays, rows taken in ``order``.
+class StatsTable:
+    """Per-episode statistics of fields, one row per table-scan row, filled piece by piece.
 
-    ``stats/<key>/count`` stays one column; every list part becomes one
-    contiguous column per channel (:func:`channel_column`). A part holding
-    other than one value per channel and row raises :class:`CorruptionError`.
+    Each field's ``count`` is one array ``[rows]`` and its parts ``sum, sumsq,
+    min, max`` one array ``[part, rows, channel]`` (a table file's rows of a
+    part are one contiguous copy), so a subset's statistics are one gather of
+    its rows and one reduction per part (:meth:`aggregate`):
+    no SQL, no pass over steps or tensors. Rows not yet filled must not be
+    aggregated (the caller fills every row it asks for).
     """
-    out: dict[str, np.ndarray] = {}
-    for f in fields:
-        out[stat_column(f, "count")] = tbl.column(stat_column(f, "count")).to_numpy()[order]
+
+    def __init__(self, rows: int) -> None:
+        self.rows = rows
+        self._count: dict[str, np.ndarray] = {}
+        self._parts: dict[str, np.ndarray] = {}  # parts in STAT_PARTS[1:] order
+        self._lock = threading.Lock()
+
+    def _arrays(self, f: FieldSpec) -> tuple[np.ndarray, np.ndarray]:
+        with self._lock:
+            if f.key not in self._count:  # untouched pages of the allocations cost no memory
+                self._count[f.key] = _lazy_zeros((self.rows,), np.int64)
+                self._parts[f.key] = _lazy_zeros((len(STAT_PARTS) - 1, self.rows, f.stat_channels), np.float64)
+            return self._count[f.key], self._parts[f.key]
+
+    def fill(self, f: FieldSpec, rows: np.ndarray, tbl: pa.Table) -> None:
+        """Store the statistics columns of ``f`` in ``tbl`` (lists over channels, as 0.1.0 wrote) at ``rows``.
+
+        ``rows`` are increasing scan rows, one per row of ``tbl``. A part that
+        does not hold one value per channel for every episode with values
+        raises :class:`CorruptionError`.
+        """
         channels = f.stat_channels
-        for part in STAT_PARTS[1:]:
-            col = tbl.column(stat_column(f, part)).combine_chunks()
-            values = pc.list_flatten(col).to_numpy(zero_copy_only=False)
-            if col.null_count or values.size != tbl.num_rows * channels:
+        counts, parts = self._arrays(f)
+        count = _array(tbl.column(stat_column(f, "count"))).fill_null(0).to_numpy()
+        valid = count > 0
+        cols = [_array(tbl.column(stat_column(f, p))) for p in STAT_PARTS[1:]]
+        held = [_held(col) for col in cols]
+        listed = held[0] == channels  # rows holding one value per channel (rows without values may hold none)
+        for part, h in zip(STAT_PARTS[1:], held, strict=True):
+            if (h != np.where(listed, channels, 0)).any() or (valid & ~listed).any():
                 raise CorruptionError(
-                    f"field {f.key!r}: statistics {part!r} hold {values.size} values for {tbl.num_rows} "
-                    f"episodes, expected {channels} per episode"
+                    f"field {f.key!r}: statistics {part!r} do not hold {channels} values for each of the "
+                    f"{int(valid.sum())} episodes with values"
                 )
-            # one row gather into episode order, one transpose: each channel is then a contiguous row
-            values = values.reshape(tbl.num_rows, channels)[order].T.copy()
-            for c in range(channels):
-                out[channel_column(f, part, c)] = values[c]
-    return out
+        # the rows of one table file are one run of scan rows: a slice copies, a gather scatters
+        run = listed.all() and len(rows) > 0 and rows[-1] - rows[0] == len(rows) - 1
+        target = slice(int(rows[0]), int(rows[-1]) + 1) if run else rows[listed]
+        for i, col in enumerate(cols):
+            parts[i, target] = pc.list_flatten(col).to_numpy(zero_copy_only=False).reshape(-1, channels)
+        counts[rows] = count
+
+    def aggregate(self, f: FieldSpec, rows: np.ndarray) -> dict[str, Any]:
+        """Count, sum, mean, population std, min and max of ``f`` over distinct ``rows`` (per channel if it has one)."""
+        counts, parts = self._arrays(f)
+        count = counts[rows]
+        held = rows[count > 0]
+        block = parts if len(held) == self.rows else np.take(parts, held, axis=1)
+        return _field_moments(f, moments(int(count.sum()), *block))
 
 
-def _moments(name: str, n: str, total: str, sumsq: str, lo: str, hi: str) -> str:
-    return sql_template("moments").substitute(name=name, n=n, sum=total, sumsq=sumsq, min=lo, max=hi)
+def values_moments(f: FieldSpec, values: np.ndarray) -> dict[str, Any]:
+    """What :meth:`StatsTable.aggregate` gives, computed from the rows ``values`` of ``f`` themselves.
 
-
-def stats_sql(fields: Iterable[FieldSpec]) -> str:
-    """The one aggregate (``sql/stats.sql``) computing every statistic of ``fields`` over ``episode_stats``."""
-    parts = [
-        _moments("length", "1", '"length"', '"length" * "length"', '"length"', '"length"'),
-        _moments(
-            "return", 'CAST("return" IS NOT NULL AS BIGINT)', '"return"', '"return" * "return"', '"return"', '"return"'
-        ),
-    ]
-    for f in fields:
-        for c in range(f.stat_channels):
-            col = {p: quote(channel_column(f, p, c)) for p in STAT_PARTS[1:]}
-            n = quote(stat_column(f, "count"))
-            parts.append(_moments(f"{f.key}/{c}", n, col["sum"], col["sumsq"], col["min"], col["max"]))
-    return sql_template("stats").substitute(moments=",\n".join(parts))
-
-
-def aggregate(
-    cur: duckdb.DuckDBPyConnection,
-    columns: Mapping[str, np.ndarray | pa.Array],
-    fields: list[FieldSpec],
-    rows: np.ndarray | None = None,
-) -> dict[str, dict[str, Any]]:
-    """Count, sum, mean, population std, min and max of ``fields``, episode length and return.
-
-    ``columns`` hold ``length``, ``return`` (Arrow: a NULL return is skipped)
-    and :func:`split_channels` of ``fields``, one entry per episode; ``rows``
-    picks the subset (None: all). Runs :func:`stats_sql` in ``cur``. Result
-    shape: see :meth:`Dataset.stats`; an empty subset gives NaN.
+    For columns without commit-time statistics (derived columns, small by
+    nature: they live in the table).
     """
-    wanted = ["length", "return"]
-    for f in fields:
-        wanted.append(stat_column(f, "count"))
-        wanted += [channel_column(f, p, c) for p in STAT_PARTS[1:] for c in range(f.stat_channels)]
-    if rows is None:
-        taken = {n: columns[n] for n in wanted}
-    else:
-        taken = {n: _take(columns[n], rows) for n in wanted}
-    cur.register("episode_stats", pa.table(taken))
-    cur.execute(stats_sql(fields))
-    [row] = cur.fetchall()  # an aggregate without GROUP BY: exactly one row
-    values = dict(zip([d[0] for d in cur.description], row, strict=True))
-    out: dict[str, dict[str, Any]] = {"episodes": {"count": int(values["episodes"])}}
-    for name in ("length", "return"):
-        out[name] = {m: _number(values[f"{name}/{m}"], m) for m in MOMENTS}
-    for f in fields:
-        per = {m: np.array([_number(values[f"{f.key}/{c}/{m}"], m) for c in range(f.stat_channels)]) for m in MOMENTS}
-        entry: dict[str, Any] = {"count": int(per["count"][0])}
-        for m in MOMENTS[1:]:
-            vals = per[m].astype(np.float64)
-            entry[m] = vals if f.channel_axis is not None else float(vals[0])
-        out[f.key] = entry
+    parts = episode_stats(f, values)
+    if not parts["count"]:
+        empty = np.zeros((0, f.stat_channels))
+        return _field_moments(f, moments(0, empty, empty, empty, empty))
+    rows = [np.asarray(parts[p], dtype=np.float64)[None] for p in STAT_PARTS[1:]]
+    return _field_moments(f, moments(int(parts["count"]), *rows))
+
+
+def _field_moments(f: FieldSpec, per: dict[str, Any]) -> dict[str, Any]:
+    """``per`` (channel arrays) as a field's statistics: arrays for a field with channels, else floats."""
+    out: dict[str, Any] = {"count": per["count"]}
+    for m in MOMENTS[1:]:
+        out[m] = per[m] if f.channel_axis is not None else float(per[m][0])
     return out
 
 
-def _take(column: np.ndarray | pa.Array, rows: np.ndarray) -> np.ndarray | pa.Array:
-    return column.take(pa.array(rows)) if isinstance(column, pa.Array) else column[rows]
+def _lazy_zeros(shape: tuple[int, ...], dtype: type) -> np.ndarray:
+    """A zero array in anonymous memory, committed page by page as it is written.
+
+    Not NumPy's allocation: NumPy asks for transparent huge pages, and where
+    memory is fragmented (after a large scan) each 2 MiB fault waits for the
+    kernel to compact memory; filling statistics then took 4x longer.
+    """
+    size = max(1, int(np.prod(shape)) * np.dtype(dtype).itemsize)
+    memory = mmap.mmap(-1, size)
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):
+        memory.madvise(mmap.MADV_NOHUGEPAGE)
+    return np.frombuffer(memory, dtype=dtype, count=int(np.prod(shape))).reshape(shape)
 
 
-def _number(value: Any, moment: str) -> float | int:
-    if moment == "count":
-        return int(value or 0)
-    return float("nan") if value is None else float(value)
+def _array(col: pa.ChunkedArray) -> pa.Array:
+    """One array of a column, without a copy when it has a single chunk."""
+    return col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
+
+
+def _held(col: pa.ListArray) -> np.ndarray:
+    """Values held per row of a list column (0 for a NULL row)."""
+    return np.diff(col.offsets.to_numpy()) * col.is_valid().to_numpy(zero_copy_only=False)
+
+
+def moments(n: int, total: np.ndarray, sumsq: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> dict[str, Any]:
+    """:data:`MOMENTS` from mergeable parts (one row per piece; columns are channels): NaN when ``n`` is 0.
+
+    ``std`` is the population standard deviation ``sqrt(E[x^2] - E[x]^2)``, clamped at 0 against rounding.
+    """
+    if n == 0:
+        nan = np.full(total.shape[1:], np.nan)
+        return {"count": 0, "sum": nan, "mean": nan, "std": nan, "min": nan, "max": nan}
+    s = total.sum(axis=0)
+    mean = s / n
+    return {
+        "count": n,
+        "sum": s,
+        "mean": mean,
+        "std": np.sqrt(np.maximum(sumsq.sum(axis=0) / n - mean * mean, 0)),
+        "min": lo.min(axis=0),
+        "max": hi.max(axis=0),
+    }
+
+
+def value_moments(values: np.ndarray) -> dict[str, float | int]:
+    """:data:`MOMENTS` of one value per episode (length, return): floats, ``count`` an int."""
+    v = np.asarray(values, dtype=np.float64).reshape(-1, 1)
+    per = moments(len(v), v, v * v, v, v)
+    return {m: per[m] if m == "count" else float(per[m][0]) for m in MOMENTS}

@@ -17,18 +17,27 @@ from __future__ import annotations
 import json
 import platform
 import weakref
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as pkg_version
 from typing import Any
 
+import pyarrow as pa
 import tensorstore as ts
 from deltalake.exceptions import DeltaError
 
 from . import layout
-from .errors import ArgumentError, CorruptionError, DatasetExistsError, DatasetNotFoundError, SchemaError
+from .errors import (
+    ArgumentError,
+    CorruptionError,
+    DatasetExistsError,
+    DatasetNotFoundError,
+    ReadOnlyError,
+    SchemaError,
+)
 from .location import Location
+from .retention import Capacity, Evictor
 from .schema import DatasetSchema, FieldSpec
 from .table import EpisodeTable, arrow_schema, log_problems
 from .tensors import TensorArray, make_context
@@ -72,6 +81,11 @@ class Store:
         self.pinned = pinned
         self.context: ts.Context = make_context(durable=durable, cache_bytes=cache_bytes)
         self._subscribers: list[weakref.WeakMethod[Callable[[], None]]] = []
+        capacity = descriptor.get("capacity")
+        self.capacity = Capacity(**capacity) if capacity else None
+        self._evictor = Evictor(self.capacity) if self.capacity else None
+        # One array per commit (dropped whole by vacuum once unreferenced): object stores and capacity datasets.
+        self.per_commit: bool = descriptor["tensor_layout"].get("per_commit", not location.is_local)
 
     @classmethod
     def create(
@@ -83,12 +97,15 @@ class Store:
         overwrite: bool = False,
         durable: bool = False,
         info: Mapping[str, Any] | None = None,
+        capacity: Capacity | None = None,
     ) -> Store:
         """Create an empty dataset at ``location``: the table, then the descriptor.
 
         ``partition_by`` names scalar meta fields to hive-partition the table
         by (:class:`SchemaError` otherwise). An existing dataset raises
         :class:`DatasetExistsError` unless ``overwrite``, which deletes it first.
+        ``capacity`` (stored in the descriptor) makes every commit evict the
+        oldest episodes beyond it, and tensors use one array per commit.
         """
         if not isinstance(schema, DatasetSchema):
             raise SchemaError(f"schema must be a DatasetSchema, got {type(schema).__name__}")
@@ -110,11 +127,18 @@ class Store:
             "format_version": FORMAT_VERSION,
             "schema": schema.to_json(),
             "partition_by": parts,
-            "tensor_layout": {"format": "zarr3", "sharded": not location.is_local, "root": layout.TENSOR_ROOT},
+            "tensor_layout": {
+                "format": "zarr3",
+                "sharded": not location.is_local,
+                "per_commit": not location.is_local or capacity is not None,
+                "root": layout.TENSOR_ROOT,
+            },
             "created_at": datetime.now(UTC).isoformat(),
             "info": dict(info or {}),
             "versions": _versions(),
         }
+        if capacity is not None:
+            descriptor["capacity"] = capacity.to_json()
         table = EpisodeTable.create(location, arrow_schema(schema), parts)
         # The descriptor is written last: its presence marks a complete dataset.
         location.write_text_atomic(json.dumps(descriptor, indent=2), layout.DESCRIPTOR)
@@ -167,18 +191,44 @@ class Store:
 
     def new_array(self, writer: str, field: FieldSpec) -> TensorArray:
         """The writing side of ``writer``'s rows of ``field`` (see :meth:`TensorArray.create`)."""
-        return TensorArray.create(self.location, writer, field, self.context)
+        return TensorArray.create(self.location, writer, field, self.context, per_commit=self.per_commit)
 
     def open_array(self, writer: str, field: FieldSpec, commit: int = 0, read_only: bool = True) -> TensorArray:
         """One existing array of ``writer``'s rows of ``field`` (``commit`` 0: its single array)."""
         return TensorArray.open(self.location, writer, field, self.context, read_only=read_only, commit=commit)
+
+    def append(self, rows: pa.Table) -> int:
+        """Commit ``rows`` (call :meth:`committed` afterwards); with a capacity, evicting in the same commit."""
+        evictor = self._evictor
+        if evictor is None:
+            return self.table.append(rows)
+        return self.table.commit(lambda: evictor.plan(self.table, rows), landed=evictor.committed)
+
+    def delete(self, ids: Sequence[int]) -> int:
+        """Remove the episodes ``ids`` from the latest version in one commit (notifies); return the new version."""
+        self._check_writable()
+        empty = arrow_schema(self.schema).empty_table()
+        version = self.table.commit(lambda: (empty, ids))
+        self.committed()
+        return version
+
+    def clear(self) -> int:
+        """Remove every episode from the latest version in one commit (notifies); return the new version."""
+        self._check_writable()
+        version = self.table.clear(arrow_schema(self.schema))
+        self.committed()
+        return version
+
+    def _check_writable(self) -> None:
+        if self.read_only:
+            raise ReadOnlyError(f"dataset {self.location.url} is open read-only (or at a past version)")
 
     def on_commit(self, callback: Callable[[], None]) -> None:
         """Call the bound method ``callback`` after each commit through this store (held weakly)."""
         self._subscribers.append(weakref.WeakMethod(callback))
 
     def committed(self) -> None:
-        """Record that rows were appended to the table (its handle already moved): notify the subscribers."""
+        """Record that the table changed (its handle already moved): notify the subscribers."""
         for ref in list(self._subscribers):
             callback = ref()
             if callback is None:

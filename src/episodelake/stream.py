@@ -4,8 +4,9 @@
 batches, with replacement (infinite, the default), without (one shuffled
 pass) or in order (``shuffle=False``: one ordered pass); SQL
 ``where``/``weights``, ``filter`` callables, custom samplers
-(:mod:`.samplers`), rank/world-size shards, background prefetch and exact
-resume through ``state_dict()``.
+(:mod:`.samplers`), prioritized replay (``priority=``: :mod:`.priority`),
+rank/world-size shards, background prefetch and exact resume through
+``state_dict()``.
 
 * :class:`_Planner` decides which global segment ids each batch holds and
   the state to resume from after it; with replacement it draws through a
@@ -29,16 +30,38 @@ import numpy as np
 from .batch import SegmentBatch
 from .batching import WindowReader, reader_for
 from .errors import ArgumentError, StreamStoppedError
-from .samplers import Sampler, StatefulSampler, UniformSampler, WeightedSampler
+from .priority import bind, prioritized_sampler
+from .samplers import PrioritizedSampler, Sampler, StatefulSampler, UniformSampler, WeightedSampler
 from .segment_index import SegmentIndex, check_positive, check_seed
 from .selection import episode_weights, select
 
 STATE_FORMAT = 2
 
 FINITE_MODES = ("ordered", "permutation")
-# where a state keeps its sampler's state: the built-in samplers' generator ("random"), a user sampler's own
+# where a state keeps its sampler's state: the built-in samplers' generator ("random"), a user sampler's own;
+# a prioritized stream's generator ("rng") and, taken when state_dict() is called, its priorities ("priorities")
 SAMPLER_STATE = {"random": "rng", "sampler": "sampler"}
+SEEDED_MODES = ("permutation", "random", "prioritized")
 SHARD_POLICIES = ("wrap", "drop")
+
+
+class EpisodeDigest:
+    """The fingerprint of a collection's ``(episode id, length)`` pairs, extended as episodes are appended.
+
+    A streaming hash of the pairs in order: a collection grown episode by
+    episode has the digest of the same collection built at once.
+    """
+
+    def __init__(self) -> None:
+        self._hash = hashlib.sha256()
+
+    def add(self, ids: np.ndarray, lengths: np.ndarray) -> EpisodeDigest:
+        pairs = np.column_stack([np.asarray(ids, np.int64), np.asarray(lengths, np.int64)])
+        self._hash.update(np.ascontiguousarray(pairs).tobytes())
+        return self
+
+    def hexdigest(self) -> str:
+        return self._hash.copy().hexdigest()[:16]
 
 
 def fingerprint(*arrays: np.ndarray) -> str:
@@ -70,6 +93,9 @@ class _Planner:
     :class:`~episodelake.samplers.Sampler` protocol from its own shard of the
     index (:class:`SegmentIndex`); the built-in samplers' generator is seeded by
     ``seed`` (world size 1) or ``(seed, rank)``. That state is per rank.
+    Prioritized (mode ``"prioritized"``) draws through a
+    :class:`~episodelake.samplers.PrioritizedSampler` and keeps the last
+    draw's slots and importance weights in ``drawn``.
     """
 
     def __init__(
@@ -92,6 +118,7 @@ class _Planner:
         self.shard_policy = shard_policy
         self.params = params
         self.seed_given = seed_given
+        self.drawn: tuple[np.ndarray, np.ndarray] | None = None
         self._reset(seed, epoch=0, consumed=0)
 
     def _reset(self, seed: int, epoch: int, consumed: int) -> None:
@@ -127,6 +154,10 @@ class _Planner:
     def next_ids(self) -> np.ndarray | None:
         """Global segment ids of the next batch; None at the end of a finite pass."""
         B, index = self.batch_size, self.index
+        if self.mode == "prioritized":
+            local, slots, weights = cast(PrioritizedSampler, self.sampler).draw(B)
+            self.drawn = (slots, weights)
+            return index.to_global(local)
         if self.sampler is not None:
             local = np.asarray(self.sampler.sample(index, B))
             return None if local.size == 0 else index.to_global(local)
@@ -155,6 +186,8 @@ class _Planner:
         key = SAMPLER_STATE.get(self.mode)
         if key is not None and self.sampler is not None and hasattr(self.sampler, "state_dict"):
             out[key] = copy.deepcopy(self.sampler.state_dict())
+        if self.mode == "prioritized":  # the generator only: priorities are taken when state_dict() is called
+            out["rng"] = copy.deepcopy(cast(PrioritizedSampler, self.sampler).rng.bit_generator.state)
         return out
 
     def check(self, state: dict[str, Any]) -> None:
@@ -173,10 +206,20 @@ class _Planner:
 
         if state.get("mode") != self.mode:
             raise mismatch("mode (shuffle/replacement/sampler)", state.get("mode"), self.mode)
-        for key in ("sequence_length", "pad", "stride", "segments", "episodes", "weights", "drop_last"):
+        for key in (
+            "sequence_length",
+            "pad",
+            "stride",
+            "segments",
+            "episodes",
+            "weights",
+            "drop_last",
+            "alpha",
+            "beta",
+        ):
             if saved.get(key) != mine[key]:
                 raise mismatch(key, saved.get(key), mine[key])
-        if self.mode in ("permutation", "random") and self.seed_given and saved.get("seed") != mine["seed"]:
+        if self.mode in SEEDED_MODES and self.seed_given and saved.get("seed") != mine["seed"]:
             raise mismatch("seed", saved.get("seed"), mine["seed"])
         if self.finite:
             if saved.get("shard_policy") != mine["shard_policy"]:
@@ -201,7 +244,7 @@ class _Planner:
             value = state.get(key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ArgumentError(f"state_dict: {key} must be an int >= 0, got {value!r}")
-        if self.mode == "random" and not isinstance(state.get("rng"), dict):
+        if self.mode in ("random", "prioritized") and not isinstance(state.get("rng"), dict):
             raise ArgumentError("state_dict: no generator state ('rng') saved")
         if self.mode == "sampler" and "sampler" not in state and hasattr(self.sampler, "state_dict"):
             raise ArgumentError("state_dict: no sampler state saved, but this stream's sampler has one")
@@ -211,6 +254,8 @@ class _Planner:
         key = SAMPLER_STATE.get(self.mode)
         if key is not None and key in state:
             cast(StatefulSampler, self.sampler).load_state_dict(copy.deepcopy(state[key]))
+        if self.mode == "prioritized":
+            cast(PrioritizedSampler, self.sampler).rng.bit_generator.state = copy.deepcopy(state["rng"])
         self._reset(int(state["params"]["seed"]), int(state["epoch"]), int(state["consumed"]))
         self.ended = bool(state.get("finished"))
 
@@ -315,6 +360,17 @@ class SegmentStream:
             ``sample(index, batch_size)`` returning segment ids in
             ``[0, len(index))`` (optionally ``state_dict()`` /
             ``load_state_dict()`` for resume; an empty result ends the stream).
+            A :class:`~episodelake.samplers.PrioritizedSampler` makes the
+            stream prioritized, as ``priority=`` does, with that sampler.
+        priority: prioritized replay: each segment's starting priority (a
+            number, a scalar per-step field key, a SQL expression or query
+            over ``episodes``, or an array; see :mod:`episodelake.priority`).
+            A segment is drawn with probability ``p ** alpha / sum(p ** alpha)``;
+            batches carry ``indices`` and importance ``weights``
+            (``(N * P) ** -beta`` over the batch's largest); pass new
+            priorities with :meth:`update_priorities`. Each batch is drawn
+            when requested, so it sees every update before it (no prefetch).
+        alpha, beta: the prioritization and importance exponents (0.6, 0.4).
         shard: ``(rank, world_size)``. Finite passes deal the pass's global
             segment sequence round-robin over the ranks, and every rank yields
             the same number of batches (see ``shard_policy``); with
@@ -327,6 +383,9 @@ class SegmentStream:
             out the last ``N % w``.
         prefetch: batches built ahead by a background thread (0: none).
         drop_last: in finite passes, drop a last batch smaller than ``batch_size``.
+        follow: before each batch, take in the episodes committed since
+            (:meth:`refresh`: one check of the table's log when nothing
+            changed); streams with replacement on a Dataset only.
 
     A finite stream ends each pass with ``StopIteration``; iterating it again
     (``iter(stream)``, a new ``for`` loop) starts the next pass (epoch), in a
@@ -363,7 +422,13 @@ class SegmentStream:
         prefetch: int = 2,
         drop_last: bool = False,
         shard_policy: str = "wrap",
+        priority: Any = None,
+        alpha: float | None = None,
+        beta: float | None = None,
+        follow: bool = False,
     ) -> None:
+        if not isinstance(follow, bool):
+            raise ArgumentError(f"follow must be a bool, got {follow!r}")
         if context_length is not None or target_length is not None:
             if context_length is None or target_length is None:
                 raise ArgumentError("give both context_length and target_length")
@@ -384,10 +449,16 @@ class SegmentStream:
             raise ArgumentError("sampler must have a sample(index, batch_size) method")
         if weights is not None and (sampler is not None or not (shuffle and replacement)):
             raise ArgumentError("weights apply to the default with-replacement sampler only")
+        if weights is not None and priority is not None:
+            raise ArgumentError("give weights= or priority=, not both")
+        per = prioritized_sampler(sampler, priority, alpha, beta, None)
+        if per is not None and not (shuffle and replacement):
+            raise ArgumentError("priority applies to sampling with replacement only (shuffle=True, replacement=True)")
         if shard_policy not in SHARD_POLICIES:
             raise ArgumentError(f"shard_policy must be 'wrap' or 'drop', got {shard_policy!r}")
         check_seed(seed)
         snap, positions = select(collection, where, filter)
+        self._source = _Source(collection, where, filter, weights, snap, positions)
         self.index = SegmentIndex(positions, snap.lengths[positions], L, pad, stride, shard)
         self.sequence_length, self.context_length = L, C
         self._build = _BatchBuilder(self.index, reader_for(snap), L, C)
@@ -395,7 +466,9 @@ class SegmentStream:
         if weights is not None:
             per_episode = episode_weights(collection, snap, positions, weights)
         mass = None if per_episode is None else self.index.episode_weights_table(per_episode)
-        if sampler is not None:
+        if per is not None:
+            mode = "prioritized"
+        elif sampler is not None:
             mode = "sampler"
         elif not shuffle:
             mode = "ordered"
@@ -413,13 +486,21 @@ class SegmentStream:
             self.index.sample_uniform(np.random.default_rng(0), 0)  # fail now if there is nothing to sample
             rng_seed = seed if self.index.world == 1 else [seed, self.index.rank]
             sampler = UniformSampler(rng_seed) if mass is None else WeightedSampler(rng_seed, mass)
+        if per is not None:
+            self.index.sample_uniform(np.random.default_rng(0), 0)  # fail now if there is nothing to sample
+            if sampler is None:  # the stream's own: seeded like the built-in samplers
+                per.rng = np.random.default_rng(seed if self.index.world == 1 else [seed, self.index.rank])
+            bind(per, collection, snap, positions, self.index, priority)
+            sampler = per
         params = {
             "sequence_length": L,
             "pad": self.index.pad,
             "stride": self.index.stride,
             "segments": self.index.total,
-            "episodes": fingerprint(snap.index["episode_id"][positions].astype(np.int64), self.index.lengths),
+            "episodes": self._source.digest.add(self._source.ids, self.index.lengths).hexdigest(),
             "weights": None if per_episode is None else fingerprint(np.asarray(per_episode, np.float64)),
+            "alpha": None if per is None else per.alpha,
+            "beta": None if per is None else per.beta,
             "drop_last": bool(drop_last),
             "shard_policy": shard_policy,
             "batch_size": self.batch_size,
@@ -441,6 +522,9 @@ class SegmentStream:
         self.prefetch = prefetch
         self._prefetcher: _Prefetcher | None = None
         self._done = False
+        if follow and self._planner.finite:
+            raise ArgumentError("follow=True applies to streams with replacement (shuffle=True, replacement=True)")
+        self.follow = follow
 
     @property
     def finite(self) -> bool:
@@ -470,10 +554,14 @@ class SegmentStream:
     def __next__(self) -> SegmentBatch:
         if self._done:
             raise StopIteration
+        if self.follow:
+            self.refresh()
         item: Any
-        if self.prefetch == 0:
+        if self.prefetch == 0 or self.prioritized:
             ids = self._planner.next_ids()
             item = _END if ids is None else (self._build(ids), self._planner.state())
+            if self.prioritized and ids is not None:
+                item[0].indices, item[0].weights = cast(tuple[np.ndarray, np.ndarray], self._planner.drawn)
         else:
             if self._prefetcher is None:
                 self._prefetcher = _Prefetcher(self._planner, self._build, self.prefetch)
@@ -491,9 +579,90 @@ class SegmentStream:
         """The next batch (``StopIteration`` at the end of a finite pass)."""
         return next(self)
 
+    @property
+    def prioritized(self) -> bool:
+        """Whether batches are drawn by priority (``priority=`` or a PrioritizedSampler)."""
+        return self._planner.mode == "prioritized"
+
+    def update_priorities(self, indices: Any, priorities: Any) -> None:
+        """New priorities for the segments ``indices`` of earlier batches (``batch.indices``).
+
+        See :meth:`PrioritizedSampler.update_priorities`; ArgumentError on a
+        stream built without ``priority=``.
+        """
+        if not self.prioritized:
+            raise ArgumentError("update_priorities: this stream was built without priority= or a PrioritizedSampler")
+        cast(PrioritizedSampler, self._planner.sampler).update_priorities(indices, priorities)
+
+    @property
+    def version(self) -> int:
+        """The dataset version whose episodes the stream draws from (moved by :meth:`refresh`)."""
+        return self._source.snap.version
+
+    def refresh(self) -> bool:
+        """Take in the episodes committed since the stream's version; True if it moved to a newer one.
+
+        The dataset moves to its latest version (``Dataset.refresh()``) and
+        the stream goes on from where it is (same generator, same
+        priorities) over the new collection. When the new version only
+        appended episodes (no delete, eviction or compaction in between) this
+        costs ``O(new episodes)``: the segment index, the prioritized tree
+        and the fingerprint are extended and new episodes' segments start at
+        the largest priority seen; otherwise (or with ``weights=``, which
+        are recomputed) the stream rebuilds its index over the whole
+        version, keeping each remaining episode's priorities; ``where``
+        and ``filter`` are evaluated again over the new version. Given the
+        versions it saw, a stream is deterministic: a stream built at the new
+        version that loads this one's ``state_dict()`` draws the same batches.
+        Streams with replacement (or a sampler) only; a DatasetView is pinned
+        and raises ArgumentError.
+        """
+        source = self._source
+        if self._planner.finite:
+            raise ArgumentError("refresh applies to streams with replacement (shuffle=True, replacement=True)")
+        if not callable(getattr(source.collection, "refresh", None)):
+            raise ArgumentError("refresh: this stream reads a pinned view; build it on a Dataset to follow commits")
+        snap = source.collection.refresh().snapshot()
+        if snap.version == source.snap.version:
+            return False
+        self.close()  # prefetched batches were planned on the old index
+        index, old = self.index, len(self.index.positions)
+        snap, positions = select(source.collection, source.where, source.filter)
+        ids = np.asarray(snap.index["episode_id"][positions], dtype=np.int64)
+        lengths = snap.lengths[positions]
+        appended = len(ids) >= old and np.array_equal(ids[:old], source.ids)
+        if appended:
+            index.extend(positions, lengths[old:])
+            source.digest.add(ids[old:], lengths[old:])
+        else:
+            index.reset(positions, lengths)
+            source.digest = EpisodeDigest().add(ids, lengths)
+        source.snap, source.positions, source.ids = snap, positions, ids
+        self._build.reader = reader_for(snap)
+        params = self._planner.params
+        params["segments"], params["episodes"] = index.total, source.digest.hexdigest()
+        if self.prioritized:
+            bind(cast(PrioritizedSampler, self._planner.sampler), source.collection, snap, positions, index, None)
+        elif source.weights is not None and isinstance(self._planner.sampler, WeightedSampler):
+            per_episode = episode_weights(source.collection, snap, positions, source.weights)
+            self._planner.sampler.mass = index.episode_weights_table(per_episode)
+            params["weights"] = fingerprint(np.asarray(per_episode, np.float64))
+        self._state = self._planner.state()
+        return True
+
     def state_dict(self) -> dict[str, Any]:
-        """The resume point after the last returned batch (plain Python values)."""
-        return copy.deepcopy(self._state)
+        """The resume point after the last returned batch (plain Python values).
+
+        A prioritized stream's state also holds every priority as of this
+        call (``"priorities"``: a NumPy array, with ``"max_priority"``);
+        ``"version"`` is the dataset version the stream draws from (a stream
+        built at that version resumes it exactly).
+        """
+        state = copy.deepcopy(self._state)
+        state["version"] = self.version
+        if self.prioritized:
+            state.update(cast(PrioritizedSampler, self._planner.sampler).priority_state())
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue exactly after the batch ``state`` was taken at (ArgumentError if it does not fit).
@@ -502,7 +671,11 @@ class SegmentStream:
         ``iter()`` starts the following pass.
         """
         self.close()
+        if self.prioritized:  # checked before anything changes
+            cast(PrioritizedSampler, self._planner.sampler).check_priority_state(state)
         self._planner.load(state)
+        if self.prioritized:
+            cast(PrioritizedSampler, self._planner.sampler).load_priority_state(state)
         self._state = self._planner.state()
         self._done = self._planner.pass_finished()
 
@@ -530,6 +703,18 @@ class SegmentStream:
             f"SegmentStream({len(self.index)} segments of {self.sequence_length}, batch_size={self.batch_size}, "
             f"mode={self._planner.mode}, shard=({self.index.rank}, {self.index.world}))"
         )
+
+
+class _Source:
+    """What a stream draws from and how it chose it: enough to choose again at a newer version."""
+
+    def __init__(
+        self, collection: Any, where: str | None, filter: Any, weights: Any, snap: Any, positions: np.ndarray
+    ) -> None:
+        self.collection, self.where, self.filter, self.weights = collection, where, filter, weights
+        self.snap, self.positions = snap, positions
+        self.ids = np.asarray(snap.index["episode_id"][positions], dtype=np.int64)
+        self.digest = EpisodeDigest()
 
 
 class _BatchBuilder:

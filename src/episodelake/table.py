@@ -15,7 +15,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import threading
 import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -69,6 +71,7 @@ class EpisodeTable:
         self.loc = loc
         self.dt = dt
         self._commits_since_compact = 0
+        self._compactor: threading.Thread | None = None
 
     @classmethod
     def create(cls, loc: Location, schema: pa.Schema, partition_by: list[str]) -> EpisodeTable:
@@ -109,22 +112,63 @@ class EpisodeTable:
 
     def append(self, rows: pa.Table) -> int:
         """Append ``rows`` in one commit (retrying conflicts); return the new version."""
-        delay = 0.01
-        for attempt in range(COMMIT_RETRIES):
-            try:
+        return self._commit(lambda: write_deltalake(self.dt, rows, mode="append"))
+
+    def commit(
+        self, plan: Callable[[], tuple[pa.Table, Sequence[int]]], landed: Callable[[int], None] | None = None
+    ) -> int:
+        """One commit that adds rows and removes episodes by id, as ``plan()`` says at the latest version.
+
+        ``plan`` runs again after every conflict (at the version that won), so
+        what it removes is always decided on the version the commit lands on.
+        Rows of a removed episode stay in the files of older versions (time
+        travel) until :meth:`vacuum`. ``landed`` is told the latest version
+        right after the commit (before any compaction). Returns the new version.
+        """
+
+        def attempt() -> None:
+            self.dt.update_incremental()
+            rows, remove = plan()
+            if not len(remove):
                 write_deltalake(self.dt, rows, mode="append")
+                return
+            # replaceWhere: files holding a matching row are rewritten without it, in the same
+            # commit that adds ``rows``. deltalake requires the added rows to match the predicate.
+            ids = ", ".join(str(int(i)) for i in [*remove, *rows["episode_id"].to_pylist()])
+            write_deltalake(self.dt, rows, mode="overwrite", predicate=f"episode_id IN ({ids})")
+
+        return self._commit(attempt, landed)
+
+    def clear(self, schema: pa.Schema) -> int:
+        """Remove every episode of the latest version in one commit; return the new version."""
+        empty = schema.empty_table()
+
+        def attempt() -> None:
+            self.dt.update_incremental()
+            write_deltalake(self.dt, empty, mode="overwrite")
+
+        return self._commit(attempt)
+
+    def _commit(self, attempt: Callable[[], None], landed: Callable[[int], None] | None = None) -> int:
+        """Run ``attempt`` (one Delta commit) until it lands, backing off on conflicts; compact every so often."""
+        delay = 0.01
+        for n in range(COMMIT_RETRIES):
+            try:
+                attempt()
                 break
             except CommitFailedError as exc:
-                if attempt == COMMIT_RETRIES - 1:
+                if n == COMMIT_RETRIES - 1:
                     raise CommitConflictError(f"commit to {self.loc.url} failed {COMMIT_RETRIES} times: {exc}") from exc
                 time.sleep(delay)  # back off before retrying a lost optimistic-concurrency race
                 delay = min(delay * 2, 1.0)
                 self.dt.update_incremental()
         self.dt.update_incremental()
+        if landed is not None:
+            landed(self.version)
         self._commits_since_compact += 1
         if self._commits_since_compact >= COMPACT_EVERY:
             if self.loc.is_local:
-                self.compact()
+                self._compact_in_background()
             else:
                 # No lock file on object stores, and concurrent compactions would duplicate
                 # rows: writers only checkpoint (idempotent); ds.compact() is explicit there.
@@ -132,45 +176,33 @@ class EpisodeTable:
                 self._commits_since_compact = 0
         return self.version
 
-    def compact(self) -> None:
-        """Merge small files and write a checkpoint so opening stays fast.
+    def _compact_in_background(self) -> None:
+        """Start :func:`compact_table` on a thread of its own, so the commit that triggered it returns at once.
 
-        deltalake lets two compactions of the same files both commit (their
-        removes carry dataChange=false, which its conflict checker accepts),
-        and every row the two share is then duplicated. So a compaction
-        starts from the latest version and, on local disk, holds an exclusive
-        lock file; a compaction that finds it held is skipped (nothing changes).
+        It reads and commits through its own table handle (this one stays the
+        writer's); one runs at a time per handle (while one runs, the count
+        keeps growing and the next commit tries again). Joined at interpreter
+        exit by a ``threading`` exit hook (:func:`join_compactions`).
         """
-        if self._lock_compaction():
-            try:
-                self.dt.update_incremental()
-                self.dt.optimize.compact()
-                self.dt.create_checkpoint()
-            except CommitFailedError:
-                pass  # lost a race with another writer; the data is unchanged
-            finally:
-                if self.loc.is_local:
-                    os.remove(self.loc.child(*layout.compact_lock_parts()))
+        if self._compactor is not None and self._compactor.is_alive():
+            return
+        self._commits_since_compact = 0
+        thread = threading.Thread(target=_compact_quietly, args=(self.loc,), name="episodelake-compact", daemon=True)
+        self._compactor = thread
+        with _COMPACTORS_LOCK:
+            _COMPACTORS.add(thread)
+        thread.start()
+
+    @property
+    def compactor(self) -> threading.Thread | None:
+        """The background compaction thread last started by this handle's commits (None: none yet)."""
+        return self._compactor
+
+    def compact(self) -> None:
+        """Merge small files and write a checkpoint so opening stays fast (in this thread, waiting for it)."""
+        compact_table(self.loc, self.dt)
         self.dt.update_incremental()
         self._commits_since_compact = 0
-
-    def _lock_compaction(self) -> bool:
-        """Create the compaction lock (local disk only; a lock older than COMPACT_LOCK_STALE_S is broken)."""
-        if not self.loc.is_local:
-            return True  # object stores: no lock file (see docs/reliability.md)
-        path = self.loc.child(*layout.compact_lock_parts())
-        for _ in range(2):
-            try:
-                os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-                return True
-            except FileExistsError:
-                try:
-                    if time.time() - os.path.getmtime(path) < COMPACT_LOCK_STALE_S:
-                        return False
-                    os.remove(path)  # left by a compactor that was killed
-                except FileNotFoundError:
-                    pass
-        return False
 
     def history(self) -> list[dict[str, Any]]:
         return self.dt.history()
@@ -259,3 +291,75 @@ def log_problems(loc: Location) -> list[tuple[str, str]]:
         except (OSError, pa.ArrowException) as exc:
             out.append((path, f"checkpoint unreadable: {exc}"))
     return out
+
+
+def compact_table(loc: Location, dt: DeltaTable) -> None:
+    """Merge small files of the latest version and write a checkpoint, through the handle ``dt``.
+
+    deltalake lets two compactions of the same files both commit (their
+    removes carry dataChange=false, which its conflict checker accepts),
+    and every row the two share is then duplicated. So a compaction
+    starts from the latest version and, on local disk, holds an exclusive
+    lock file; a compaction that finds it held is skipped (nothing changes).
+    """
+    if not _lock_compaction(loc):
+        return
+    try:
+        dt.update_incremental()
+        dt.optimize.compact()
+        dt.create_checkpoint()
+    except CommitFailedError:
+        pass  # lost a race with another writer; the data is unchanged
+    finally:
+        if loc.is_local:
+            os.remove(loc.child(*layout.compact_lock_parts()))
+
+
+def _lock_compaction(loc: Location) -> bool:
+    """Create the compaction lock (local disk only; a lock older than COMPACT_LOCK_STALE_S is broken)."""
+    if not loc.is_local:
+        return True  # object stores: no lock file (see docs/reliability.md)
+    path = loc.child(*layout.compact_lock_parts())
+    for _ in range(2):
+        try:
+            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            return True
+        except FileExistsError:
+            try:
+                if time.time() - os.path.getmtime(path) < COMPACT_LOCK_STALE_S:
+                    return False
+                os.remove(path)  # left by a compactor that was killed
+            except FileNotFoundError:
+                pass
+    return False
+
+
+def _compact_quietly(loc: Location) -> None:
+    """A background compaction: its own handle on the latest version; a table removed meanwhile is no error."""
+    try:
+        dt = DeltaTable(loc.delta_uri(), storage_options=loc.delta_options())
+        compact_table(loc, dt)
+    except TableNotFoundError:
+        pass  # the dataset was removed (an in-memory dataset dropped) before the thread ran
+    finally:
+        with _COMPACTORS_LOCK:
+            _COMPACTORS.discard(threading.current_thread())
+
+
+_COMPACTORS: set[threading.Thread] = set()
+_COMPACTORS_LOCK = threading.Lock()
+
+
+def join_compactions() -> None:
+    """Wait for every background compaction this process started (run at interpreter exit, callable any time)."""
+    with _COMPACTORS_LOCK:
+        running = list(_COMPACTORS)
+        _COMPACTORS.clear()
+    for thread in running:
+        if thread is not threading.current_thread():
+            thread.join()
+
+
+# threading's exit hooks run at the start of interpreter shutdown (before atexit callbacks and native
+# destructors); they run newest first, so the exit commit of commit.py (registered later) runs before this.
+threading._register_atexit(join_compactions)  # type: ignore[attr-defined]

@@ -12,6 +12,9 @@ one-row chunks).
   written once. The sharding codec packs up to :data:`SHARD_CHUNKS` inner
   chunks into one object, so a random segment read is a few byte-range GETs,
   no object is ever rewritten, and no array holds a row nobody wrote.
+* Local datasets with a capacity: one array per commit too (unsharded, its
+  chunks no longer than the commit), so vacuum reclaims evicted rows by
+  deleting whole arrays, never rewriting live ones.
 
 A table reference (``ref/<key>``) is ``commit << 32 | row``: commit 0 is the
 writer's single array (every local dataset, and object-store datasets written
@@ -81,14 +84,15 @@ def split_ref(ref: int) -> tuple[int, int]:
     return int(ref) >> COMMIT_SHIFT, int(ref) & ROW_MASK
 
 
-def zarr_metadata(field: FieldSpec, sharded: bool, rows: int = 0) -> dict[str, Any]:
+def zarr_metadata(field: FieldSpec, sharded: bool, rows: int = 0, fit: bool = False) -> dict[str, Any]:
     """Explicit Zarr v3 metadata for a field's array of ``rows`` rows.
 
     Sharded arrays (object stores) get shards of at most :data:`SHARD_CHUNKS`
     inner chunks, fewer when the array needs fewer, so a small commit is one
-    small object.
+    small object. ``fit``: chunks no longer than ``rows`` (a small local commit
+    array stores no padding).
     """
-    chunk_rows = field.rows_per_chunk
+    chunk_rows = min(field.rows_per_chunk, max(1, rows)) if fit else field.rows_per_chunk
     inner: list[dict[str, Any]] = [{"name": "bytes", "configuration": {"endian": "little"}}]
     if field.np_dtype.itemsize == 1 or field.np_dtype == np.bool_:
         inner = [{"name": "bytes"}]
@@ -215,7 +219,8 @@ class TensorArray:
     :meth:`create`), a sequence of reservations: :meth:`reserve` returns the
     reference of the first reserved row, :meth:`write` takes references. On
     local stores every reservation grows the writer's single array; on object
-    stores each reservation is a new array of exactly that many rows.
+    stores (and per-commit local arrays) each reservation is a new array of
+    exactly that many rows.
     """
 
     def __init__(self, store: ts.TensorStore | None, field: FieldSpec, where: str) -> None:
@@ -229,9 +234,12 @@ class TensorArray:
         self._context: ts.Context | None = None
 
     @classmethod
-    def create(cls, loc: Location, writer: str, field: FieldSpec, context: ts.Context) -> TensorArray:
-        """The writing side of ``writer``'s rows of ``field`` (its single array is created now, if local)."""
-        if loc.is_local:
+    def create(
+        cls, loc: Location, writer: str, field: FieldSpec, context: ts.Context, per_commit: bool = False
+    ) -> TensorArray:
+        """The writing side of ``writer``'s rows of ``field``: one array per commit (``per_commit``, always on
+        object stores), else its single array, created now."""
+        if loc.is_local and not per_commit:
             arr = cls(_create_store(loc, array_parts(writer, field), field, context, sharded=False), field, "")
             arr.where = loc.child_url(*array_parts(writer, field))
         else:
@@ -309,7 +317,8 @@ class TensorArray:
             raise ValidationError(f"{self.where}: one commit of {rows} rows exceeds the limit of {ROW_MASK}")
         self.commit += 1
         parts = array_parts(self._writer, self.field, self.commit)
-        self.store = _create_store(self._loc, parts, self.field, self._context, sharded=True, rows=rows)
+        local = self._loc.is_local
+        self.store = _create_store(self._loc, parts, self.field, self._context, sharded=not local, rows=rows, fit=local)
         self.where = self._loc.child_url(*parts)
         self.rows = rows
         return self.commit << COMMIT_SHIFT
@@ -373,13 +382,19 @@ class TensorArray:
 
 
 def _create_store(
-    loc: Location, parts: tuple[str, ...], field: FieldSpec, context: ts.Context, sharded: bool, rows: int = 0
+    loc: Location,
+    parts: tuple[str, ...],
+    field: FieldSpec,
+    context: ts.Context,
+    sharded: bool,
+    rows: int = 0,
+    fit: bool = False,
 ) -> ts.TensorStore:
     _start_engine(loc.child_url(*parts))
     spec = {
         "driver": "zarr3",
         "kvstore": loc.kvstore(*parts),
-        "metadata": zarr_metadata(field, sharded=sharded, rows=rows),
+        "metadata": zarr_metadata(field, sharded=sharded, rows=rows, fit=fit),
         "create": True,
         # Every written chunk is stored (even all-zero ones), so a missing chunk is an error on read.
         "store_data_equal_to_fill_value": True,

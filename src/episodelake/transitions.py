@@ -24,10 +24,20 @@ bool per item (False where the value is unset and holds the fill value; see
 Observation fields are read as one buffer per field (``obs`` and ``next_obs``
 are views of it), so ``map(fn)`` converts each buffer once. The batch is a
 :class:`~episodelake.batch.Transitions`.
+
+Which transitions: uniform with replacement by default; ``weights=``
+(per-episode, as for streams), ``sampler=`` (the
+:class:`~episodelake.samplers.Sampler` protocol over a segment index of
+length-1 segments: one id per transition) or ``priority=`` (prioritized
+replay, :mod:`episodelake.priority`). A
+:class:`~episodelake.samplers.PrioritizedSampler` kept across calls keeps the
+priorities (``sampler.update_priorities(tr.indices, ...)``), also while the
+dataset grows or loses episodes.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -36,8 +46,23 @@ import numpy as np
 from .batch import Transitions
 from .batching import WindowReader, reader_for
 from .errors import ArgumentError
+from .priority import bind, prioritized_sampler
 from .segment_index import SegmentIndex, check_positive, check_seed
-from .selection import select
+from .selection import episode_weights, select
+from .snapshot import Snapshot
+
+# the transition index of each snapshot's last selection: repeated draws from one collection skip rebuilding it
+_INDEXES: weakref.WeakKeyDictionary[Snapshot, tuple[np.ndarray, SegmentIndex]] = weakref.WeakKeyDictionary()
+
+
+def transition_index(snap: Snapshot, positions: np.ndarray) -> SegmentIndex:
+    """The index of every transition of ``positions`` (segments of length 1), cached per snapshot."""
+    cached = _INDEXES.get(snap)
+    if cached is not None and np.array_equal(cached[0], positions):
+        return cached[1]
+    index = SegmentIndex(positions, snap.lengths[positions], 1)
+    _INDEXES[snap] = (positions, index)
+    return index
 
 
 def check_gamma(gamma: float) -> float:
@@ -114,23 +139,60 @@ def sample_transitions(
     rng: np.random.Generator | None = None,
     where: str | None = None,
     filter: Callable[[Any], bool] | None = None,
+    weights: Any = None,
+    sampler: Any = None,
+    priority: Any = None,
+    alpha: float | None = None,
+    beta: float | None = None,
 ) -> Transitions:
-    """``batch_size`` transitions drawn uniformly (with replacement) from ``collection``.
+    """``batch_size`` transitions drawn with replacement from ``collection``: uniformly by default.
 
     Pass ``rng`` (a ``np.random.Generator``) for a reproducible sequence of
     calls; ``seed`` makes this one call deterministic. ``where``/``filter``
-    narrow the episodes first.
+    narrow the episodes first. ``weights``: per-episode weights (as for
+    ``segment_stream``). ``sampler``: a :class:`~episodelake.samplers.Sampler`
+    over transition ids, or a :class:`~episodelake.samplers.PrioritizedSampler`
+    (kept across calls: its own generator, ``alpha``, ``beta``; ``priority=``
+    then gives the priorities of transitions it has not seen, else they start
+    at the largest seen). ``priority`` alone: one prioritized draw
+    (``alpha``/``beta``, default 0.6/0.4) from the given priorities. A
+    prioritized batch has ``indices`` and ``weights`` (see
+    :class:`~episodelake.samplers.PrioritizedSampler`).
     """
     B = check_positive(batch_size, "batch_size")
     n = check_positive(n_step, "n_step")
     k = check_positive(history, "history")
     h = check_positive(horizon, "horizon")
     gamma = check_gamma(gamma)
-    if rng is None:
-        rng = np.random.default_rng(check_seed(seed))
-    elif not isinstance(rng, np.random.Generator):
+    seed = check_seed(seed)
+    if rng is not None and not isinstance(rng, np.random.Generator):
         raise ArgumentError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
+    if sampler is not None and not callable(getattr(sampler, "sample", None)):
+        raise ArgumentError("sampler must have a sample(index, batch_size) method")
+    if sampler is not None and (seed is not None or rng is not None):
+        raise ArgumentError("seed and rng apply to the built-in draws: a sampler= draws with its own generator")
+    if weights is not None and (sampler is not None or priority is not None):
+        raise ArgumentError("weights apply to the default sampler only: give weights=, sampler= or priority=")
+    per = prioritized_sampler(sampler, priority, alpha, beta, seed if rng is None else rng)
     snap, positions = select(collection, where, filter)
-    index = SegmentIndex(positions, snap.lengths[positions], 1)
-    which, t = index.locate(index.sample_uniform(rng, B))
-    return build_transitions(reader_for(snap), positions[which], t, n, gamma, k, h)
+    index = transition_index(snap, positions)
+    drawn: tuple[np.ndarray, np.ndarray] | None = None
+    if per is not None:
+        bind(per, collection, snap, positions, index, priority)
+        local, slots, importance = per.draw(B)
+        drawn = (slots, importance)
+    elif sampler is not None:
+        local = np.asarray(sampler.sample(index, B))
+    else:  # a new generator only here: seeding one from fresh entropy costs more than a prioritized draw
+        rng = np.random.default_rng(seed) if rng is None else rng
+        if weights is not None:
+            mass = index.episode_weights_table(episode_weights(collection, snap, positions, weights))
+            local = index.sample_weighted(rng, B, mass)
+        else:
+            local = index.sample_uniform(rng, B)
+    # a user sampler's ids are checked; built-in draws are in range (one shard: local ids are global)
+    which, t = index.locate(local) if sampler is not None and per is None else index.locate_global(local)
+    out = build_transitions(reader_for(snap), positions[which], t, n, gamma, k, h)
+    if drawn is not None:
+        out.indices, out.weights = drawn
+    return out

@@ -31,13 +31,36 @@ from .checks import check_flags, check_meta, check_values, episode_from_dict, mi
 from .commit import CommitSink
 from .episode import FinishedEpisode
 from .errors import ArgumentError, EpisodeStateError, ValidationError
-from .schema import STEP_KEYS, FieldSpec
+from .schema import STEP_KEYS, DatasetSchema, FieldSpec, flatten_role
 
 Meta = Mapping[str, Any]
 QUEUED_MESSAGE = (
     "episode already finished and queued for commit; pass meta= to the last add_step, call set_meta "
     "before the last step, or declare the field required=True to set it after the last step"
 )
+
+
+_MISSING: Any = object()
+
+
+def with_defaults(schema: DatasetSchema, role: str, value: Any) -> Any:
+    """``value`` of ``role`` with declared defaults filled in for omitted fields.
+
+    ``value`` is a role's value, or ``_MISSING`` when the step omits the role:
+    then it is filled only when every field of the role has a default.
+    Anything else (a plain array, or a field without a default missing) is
+    returned for :func:`split_role` to accept or reject with its usual message.
+    """
+    defaults = {f.name: f.default_value for f in schema.role_fields(role) if f.default_value is not None}
+    if not defaults:
+        return value
+    if value is _MISSING:
+        if len(defaults) < len(schema.role_fields(role)):
+            return value
+        value = {}
+    elif not isinstance(value, Mapping):
+        return value
+    return {**defaults, **flatten_role(value)}
 
 
 class _Buffers:
@@ -107,7 +130,9 @@ class EpisodeWriter:
         self.sink = sink
         schema = sink.schema
         self._meta = check_meta(schema, meta, "new_episode")
-        obs = split_role(schema, "observation", initial_obs, "initial observation")
+        obs = split_role(
+            schema, "observation", with_defaults(schema, "observation", initial_obs), "initial observation"
+        )
         checked = {k: check_values(schema[k], v, (), "initial observation") for k, v in obs.items()}
         self._bufs = _Buffers(schema.step_fields)
         for k, v in checked.items():
@@ -137,7 +162,9 @@ class EpisodeWriter:
 
         ``step`` holds ``observations`` (the observation the action produced),
         ``actions``, ``rewards``, optional ``extras``, ``terminated`` and
-        ``truncated`` (singular names and ``obs`` are accepted too).
+        ``truncated`` (singular names and ``obs`` are accepted too). A field
+        with a declared ``FieldSpec(default=...)`` may be omitted (or its whole
+        role, when every field of the role has one): its default is stored.
         """
         self._apply(*self.check_step(step, meta))
         return self
@@ -166,9 +193,10 @@ class EpisodeWriter:
         for role, fields in self._roles:
             if not fields:
                 continue
-            if role not in by_role:
+            value = with_defaults(schema, role, by_role.get(role, _MISSING))
+            if value is _MISSING:
                 raise ValidationError(f"{where}: missing {role}")
-            for k, v in split_role(schema, role, by_role[role], where).items():
+            for k, v in split_role(schema, role, value, where).items():
                 checked[k] = check_values(schema[k], v, (), where)
         terminated, truncated = check_flags(step.get("terminated", False), step.get("truncated", False), where)
         return checked, terminated, truncated, check_meta(schema, meta, where) if meta else {}

@@ -61,11 +61,15 @@ def write_import(
     progress: bool | None,
     **create_options: Any,
 ) -> Dataset:
-    """Create the destination, append ``episodes`` with a progress bar, commit; all or nothing."""
+    """Create the destination, append ``episodes`` in bulk with a progress bar, commit; all or nothing.
+
+    One bulk call: one table commit per large, size-bounded batch (see
+    :mod:`episodelake.bulk`), so an import costs a few commits, not one per
+    handful of episodes.
+    """
     ds = Dataset.create(schema, dst, info=info, **create_options)
     try:
-        for episode in track(episodes, total, desc, progress, unit="episode"):
-            ds.append_episodes([episode])
+        ds.append_episodes(track(episodes, total, desc, progress, unit="episode"))
         ds.flush()
     except BaseException:
         ds.discard_pending()  # pending episodes must not be committed later (atexit flush)

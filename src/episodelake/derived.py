@@ -1,0 +1,263 @@
+"""Derived columns: per-episode and per-step values added after the fact, versioned with the dataset.
+
+Episodes are immutable once committed; values computed later (returns,
+value targets, advantages, relabelled rewards, priorities, labels, language
+instructions) live beside them, never in the base table rows or tensors:
+
+* **Values**: one side Delta table (``layout.derived_parts()``), one row per
+  episode ever updated, keyed by ``episode_id``: a per-episode column holds
+  the value, a per-step column the episode's list of rows (as the episode
+  table stores small per-step fields). An update is one Delta ``merge``
+  (upsert) of the updated episodes' rows; columns appear with their first
+  update (schema merge).
+* **Declarations and versions**: the episode table's property
+  :data:`CONFIG_KEY` holds ``{"version": <side table version>, "fields":
+  [<FieldSpec JSON>...]}``. Each update (and each declaration) sets it in one
+  metadata commit of the episode table, after the merge landed. Table
+  properties are part of every version's Delta metadata (checkpoints
+  included), so a snapshot at episode-table version ``v`` reads the side table
+  at the version recorded in ``v``: time travel sees the values of that
+  version, and a reader sees an update only once its commit is in the
+  episode table.
+* **Concurrency**: a merge that loses a race to another is retried on the
+  side table's latest version; the property commit is a read-modify-write
+  (recorded version = max of the two, declarations = union), retried until a
+  re-read shows it. Both updates land, or after :data:`RETRIES` attempts
+  :class:`~episodelake.errors.CommitConflictError` says which column did not.
+* Rows of deleted or evicted episodes stay in the side table but are never
+  read: readers keep only the ids of their snapshot.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as pads
+from deltalake import DeltaTable
+from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
+
+from . import layout
+from .checks import check_values, meta_value
+from .commit import _meta_column, _step_column
+from .episode import rows_for
+from .errors import ArgumentError, CommitConflictError, SchemaError, ValidationError
+from .location import Location
+from .schema import DatasetSchema, FieldSpec
+from .store import Store
+
+CONFIG_KEY = "episodelake.derived"  # the episode table property recording declarations and the side version
+ID = "episode_id"
+RETRIES = 20
+
+
+@dataclass(frozen=True)
+class DerivedState:
+    """The derived columns of one episode-table version: declarations and the side table version (None: no values)."""
+
+    version: int | None = None
+    fields: tuple[FieldSpec, ...] = ()
+
+    @classmethod
+    def of(cls, dt: DeltaTable) -> DerivedState:
+        """The state recorded in the loaded version of the episode table ``dt``."""
+        raw = dt.metadata().configuration.get(CONFIG_KEY)
+        if raw is None:
+            return cls()
+        obj = json.loads(raw)
+        return cls(obj["version"], tuple(FieldSpec.from_json(f) for f in obj["fields"]))
+
+    def to_json(self) -> str:
+        return json.dumps({"version": self.version, "fields": [f.to_json() for f in self.fields]})
+
+    def merged(self, other: DerivedState) -> DerivedState:
+        """Both states' declarations (this one's first) and the newer side version."""
+        known = {f.key for f in self.fields}
+        fields = (*self.fields, *(f for f in other.fields if f.key not in known))
+        versions = [v for v in (self.version, other.version) if v is not None]
+        return DerivedState(max(versions) if versions else None, fields)
+
+
+def declared(spec: FieldSpec) -> FieldSpec:
+    """``spec`` as a derived column (``derived=True``), checked for what derived columns allow."""
+    if not isinstance(spec, FieldSpec):
+        raise SchemaError(f"a derived column is declared with a FieldSpec, got {type(spec).__name__}")
+    return spec if spec.derived else dataclasses.replace(spec, derived=True)
+
+
+def _side_uri(loc: Location) -> str:
+    return loc.child_url(*layout.derived_parts())
+
+
+def side_values(loc: Location, state: DerivedState) -> pa.Table:
+    """``episode_id`` and every declared column (storage types, NULL where never set) at the pinned side version.
+
+    One row per episode the side table holds (deleted episodes included: the
+    caller keeps the ids it knows).
+    """
+    columns = {ID: pa.int64(), **{f.key: f.arrow_type() for f in state.fields}}
+    if state.version is None:
+        return pa.schema(list(columns.items())).empty_table()
+    dt = DeltaTable(_side_uri(loc), version=state.version, storage_options=loc.delta_options())
+    data: pads.Dataset = dt.to_pyarrow_dataset(filesystem=loc.arrow_filesystem(*layout.derived_parts()))
+    present = [name for name in columns if name in data.schema.names]
+    tbl = data.to_table(columns=present)
+    for name, typ in columns.items():
+        if name not in present:
+            tbl = tbl.append_column(pa.field(name, typ), pa.nulls(tbl.num_rows, typ))
+    return tbl.select(list(columns)).cast(pa.schema(list(columns.items())))
+
+
+def declare(store: Store, known: DatasetSchema, specs: Iterable[FieldSpec]) -> int:
+    """Add derived column declarations (one episode-table commit); return the new version.
+
+    ``known`` is the schema with the columns already declared. A key taken by
+    a field, or by a derived column declared differently, is a
+    :class:`SchemaError`; declaring the same column again changes nothing.
+    """
+    new: list[FieldSpec] = []
+    for spec in map(declared, specs):
+        try:
+            have = known[spec.key]
+        except KeyError:
+            have = None
+        if have is not None and (not have.derived or have.to_json() != spec.to_json()):
+            raise SchemaError(f"derived column {spec.key!r}: the key is already a field {have}")
+        if have is None and spec.key not in {f.key for f in new}:
+            new.append(spec)
+    DatasetSchema([*known.fields, *new])  # every schema rule (reserved names, duplicate keys) holds
+    return _record(store, DerivedState(None, tuple(new)))
+
+
+def encode(f: FieldSpec, values: Any, lengths: np.ndarray, ids: np.ndarray) -> pa.Array:
+    """``values`` of derived column ``f`` for episodes ``ids`` (of ``lengths``) as its table column, validated.
+
+    A per-episode column takes one value per episode (None: unset). A
+    per-step column takes one array per episode (``rows_for(f, length)`` rows)
+    or one array of all their rows, episode after episode. Anything else is a
+    :class:`ValidationError` naming the column and the episode.
+    """
+    n = len(ids)
+    if f.role == "meta":
+        items = _per_episode(f, values, n)
+        checked = [meta_value(f, v, f"update of episode {int(i)}") for v, i in zip(items, ids, strict=True)]
+        valid = np.array([v is not None for v in checked], dtype=bool)
+        if f.np_dtype.kind == "U":
+            stacked = np.array([v or "" for v in checked], dtype=object)
+        else:
+            stacked = np.zeros((n, *f.shape), f.np_dtype)
+            if valid.any():
+                stacked[valid] = np.stack([v for v in checked if v is not None])
+        return _meta_column(f, stacked, valid, f.arrow_type())
+    rows = np.array([rows_for(f, int(t)) for t in lengths], dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
+    total = int(starts[-1])
+    if isinstance(values, np.ndarray) and values.ndim == len(f.shape) + 1 and len(values) == total:
+        block = check_values(f, values, (total,), f"update of {n} episodes (all rows in one array)")
+    else:
+        items = _per_episode(f, values, n)
+        where = [f"update of episode {int(i)}" for i in ids]
+        pieces = [check_values(f, v, (int(r),), w) for v, r, w in zip(items, rows, where, strict=True)]
+        block = np.concatenate(pieces) if pieces else np.zeros((0, *f.shape), f.np_dtype)
+    return _step_column(f, block, starts, f.arrow_type())
+
+
+def _per_episode(f: FieldSpec, values: Any, n: int) -> list[Any]:
+    if isinstance(values, str | bytes) or not isinstance(values, Sequence | np.ndarray):
+        raise ValidationError(f"update: column {f.key!r} needs a sequence of {n} values, got {type(values).__name__}")
+    if len(values) != n:
+        raise ValidationError(f"update: column {f.key!r} has {len(values)} values for {n} episodes")
+    return list(values)
+
+
+def write(store: Store, ids: np.ndarray, columns: Mapping[str, pa.Array]) -> int:
+    """Upsert ``columns`` (already encoded, one row per id) for episodes ``ids``; return the new table version.
+
+    The side table merge lands first, then the episode-table commit that
+    makes it visible (see the module docstring).
+    """
+    if len(set(ids.tolist())) != len(ids):
+        raise ArgumentError("update: episode ids repeat")
+    source = pa.table({ID: pa.array(ids, pa.int64()), **columns})
+    side = _merge(store.location, source)
+    return _record(store, DerivedState(side, ()))
+
+
+def _merge(loc: Location, source: pa.Table) -> int:
+    """Upsert ``source`` into the side table (created on first use); return the side version it made."""
+    uri, options = _side_uri(loc), loc.delta_options()
+    names = [f'"{c}"' for c in source.column_names if c != ID]
+    sets = {name: f"s.{name}" for name in names}
+
+    def attempt() -> int:
+        try:
+            dt = DeltaTable(uri, storage_options=options)
+        except TableNotFoundError:
+            dt = _create_side(uri, options)
+        merger = dt.merge(source, f"t.{ID} = s.{ID}", source_alias="s", target_alias="t", merge_schema=True)
+        merger.when_matched_update(updates=sets).when_not_matched_insert(updates={ID: f"s.{ID}", **sets}).execute()
+        return dt.version()
+
+    return _retry(attempt, f"update of {names} at {loc.url}")
+
+
+def _create_side(uri: str, options: dict[str, str] | None) -> DeltaTable:
+    schema = pa.schema([pa.field(ID, pa.int64(), nullable=False)])
+    try:
+        return DeltaTable.create(uri, schema=schema, mode="ignore", storage_options=options)
+    except DeltaError:  # another process created it first
+        return DeltaTable(uri, storage_options=options)
+
+
+def _record(store: Store, change: DerivedState) -> int:
+    """Merge ``change`` into the episode table's recorded state; retried until a re-read shows it. New version."""
+
+    def attempt() -> int:
+        dt = store.table.dt
+        dt.update_incremental()
+        current = DerivedState.of(dt)
+        if current.merged(change) != current:
+            dt.alter.set_table_properties({CONFIG_KEY: current.merged(change).to_json()}, raise_if_not_exists=False)
+            dt.update_incremental()
+            now = DerivedState.of(dt)
+            if now.merged(change) != now:
+                raise CommitFailedError("the derived state was overwritten concurrently")
+        return dt.version()
+
+    version = _retry(attempt, f"recording derived columns at {store.location.url}")
+    store.committed()
+    return version
+
+
+def vacuum_side(loc: Location, retention_hours: float, dry_run: bool) -> list[str]:
+    """Delete side-table files no retained side version references, older than ``retention_hours``; their URIs.
+
+    Rows of deleted episodes stay in live files (never read); versions of the
+    episode table older than the retention may then fail to read their values.
+    """
+    try:
+        dt = DeltaTable(_side_uri(loc), storage_options=loc.delta_options())
+    except TableNotFoundError:
+        return []
+    hours = int(np.ceil(retention_hours))
+    doomed = dt.vacuum(retention_hours=hours, dry_run=dry_run, enforce_retention_duration=False, full=True)
+    return sorted(loc.child_url(*layout.derived_parts(), path) for path in doomed)
+
+
+def _retry(attempt: Callable[[], int], what: str) -> int:
+    delay = 0.01
+    for n in range(RETRIES):
+        try:
+            return attempt()
+        except CommitFailedError as exc:
+            if n == RETRIES - 1:
+                raise CommitConflictError(f"{what} conflicted {RETRIES} times with concurrent updates: {exc}") from exc
+            time.sleep(delay)  # back off before retrying a lost optimistic-concurrency race
+            delay = min(delay * 2, 1.0)
+    raise AssertionError("unreachable")
