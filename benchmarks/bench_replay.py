@@ -323,7 +323,8 @@ def refresh_latency(root: Path, sizes: list[int], rounds: int) -> None:
                 "actions": rng.standard_normal((n * T, 2), dtype=np.float32),
                 "rewards": rng.standard_normal(n * T, dtype=np.float32),
                 "terminated": np.ones(n, bool),
-            }
+            },
+            lengths=np.full(n, T),
         )
         writer.flush()
         built = time.perf_counter() - t0

@@ -171,7 +171,8 @@ def _append_worker(url: str, opts: dict, seed: int, n: int, barrier) -> None:
     ds = el.Dataset.open(url, storage_options=opts, commit_episodes=1)
     eps = make_episodes(seed, n)
     barrier.wait(timeout=60)
-    ds.append_episodes(e.as_dict(unwrap_action=True) for e in eps)
+    for e in eps:  # one append per episode: with commit_episodes=1 each is its own (racing) commit
+        ds.append_episodes([e.as_dict(unwrap_action=True)])
     ds.flush()
 
 

@@ -34,6 +34,7 @@ from . import layout
 from .derived import ID, DerivedState, side_values
 from .episode import extra_rows, rows_for
 from .errors import CorruptionError
+from .growable import append_rows
 from .schema import FieldSpec, from_storage, storage_dtype
 from .store import Store
 from .table import EpisodeTable
@@ -147,6 +148,7 @@ class ScanBase:
     scan: IndexScan
     columns: dict[str, np.ndarray]
     derived: tuple[DerivedState, pa.Table] | None = None  # its derived state and values, once read
+    fields: dict[str, np.ndarray] | None = None  # its small per-step fields read so far (not derived ones)
 
 
 _LIVE: weakref.WeakSet[Snapshot] = weakref.WeakSet()
@@ -204,6 +206,8 @@ class Snapshot:
         self._base = base.scan if grows and base is not None else None
         self._base_columns = dict(base.columns) if grows and base is not None else {}
         self._base_derived = base.derived if grows and base is not None else None
+        self._base_fields = dict(base.fields or {}) if grows and base is not None else {}
+        self._new_rows: dict[str, pa.Array] = {}  # grown fields' rows of the new episodes, read but not yet decoded
         self.window_reader: Any = None  # the batch reader, built once by batching.reader_for (pickled along)
         _LIVE.add(self)
 
@@ -221,6 +225,7 @@ class Snapshot:
             "_base",
             "_base_columns",
             "_base_derived",
+            "_base_fields",
         ):
             del state[name]
         return state
@@ -231,7 +236,7 @@ class Snapshot:
         self._context = None  # made on first tensor read (a forked process reads without TensorStore)
         self._lock = threading.Lock()
         self._scan, self._scan_lock = None, threading.Lock()
-        self._base, self._base_columns, self._base_derived = None, {}, None
+        self._base, self._base_columns, self._base_derived, self._base_fields = None, {}, None, {}
         _LIVE.add(self)
         self._arrays = {}
         self._arrays_pid = os.getpid()
@@ -265,7 +270,9 @@ class Snapshot:
             return None
         values = self._derived_values
         derived = None if values is None else (self.derived, values)
-        return ScanBase(self.loc.url, self.version, scan, self.index.loaded, derived)
+        derived_keys = {f.key for f in self.derived.fields}
+        fields = {k: v for k, v in self._fields.items() if k not in derived_keys}
+        return ScanBase(self.loc.url, self.version, scan, self.index.loaded, derived, fields)
 
     def index_columns(self) -> list[str]:
         """The columns of the one index scan: episode index, meta fields, tensor refs and checksums."""
@@ -370,7 +377,7 @@ class Snapshot:
         scan = self.scan()
         kept = self._base_columns.pop(name, None) if scan.kept else None
         if kept is not None and len(kept) == scan.kept:
-            return np.concatenate([kept, self._decode(name, scan.order[scan.kept :])])
+            return append_rows(kept, self._decode(name, scan.order[scan.kept :]))
         return self._decode(name, scan.order)
 
     def _decode(self, name: str, rows: np.ndarray) -> np.ndarray:
@@ -456,21 +463,20 @@ class Snapshot:
         with self._lock:
             if f.key in self._fields:
                 return self._fields[f.key]
+        first = 0  # positions before it: rows kept from the snapshot this one grew from
         if f.derived:
             col = self.derived_values().column(f.key).combine_chunks()
         else:
-            tbl = self._read_table(["episode_id", f.key])
-            pos = self.positions_of(tbl.column("episode_id").to_numpy())
-            col = tbl.column(f.key).combine_chunks().take(pa.array(np.argsort(pos)))
+            col, first = self._table_column(f)
         with self._lock:
             listed = pc.list_value_length(col).to_numpy(zero_copy_only=False)
-            want = np.diff(self.offsets(f))
+            want = np.diff(self.offsets(f))[first:]
             unset = col.is_null().to_numpy(zero_copy_only=False)
             listed = np.where(unset, want, listed)
             if len(listed) != len(want) or (listed != want).any():
                 bad = int(np.flatnonzero(listed != want)[0]) if len(listed) == len(want) else 0
                 raise CorruptionError(
-                    f"episode {int(self.index['episode_id'][bad])}: field {f.key!r} holds {listed[bad]} rows, "
+                    f"episode {int(self.index['episode_id'][first + bad])}: field {f.key!r} holds {listed[bad]} rows, "
                     f"its length implies {want[bad]}"
                 )
             depth = 1 + len(f.shape) + (1 if f.np_dtype.kind == "c" else 0)
@@ -484,8 +490,42 @@ class Snapshot:
             arr = from_storage(values.reshape(rows, *inner), f.np_dtype)
             if unset.any():
                 arr = _with_unset_rows(f, arr, np.repeat(unset, want))
+            if first:
+                arr = append_rows(self._base_fields.pop(f.key), arr)
             self._fields[f.key] = arr
             return arr
+
+    def _table_column(self, f: FieldSpec) -> tuple[pa.Array, int]:
+        """``(f's list column in episode order from position first on, first)``.
+
+        After a grown scan (appends only) the positions kept from the older
+        snapshot keep its decoded rows (``first`` = their number) and only the
+        table files added since are read: a learner's refresh reads O(new
+        episodes). Otherwise the whole table is read (``first`` = 0).
+        """
+        scan = self.scan()
+        kept = self._base_fields.get(f.key) if scan.kept else None
+        if kept is not None and len(kept) == self.offsets(f)[scan.kept]:
+            with self._lock:
+                if f.key not in self._new_rows:  # every field kept from the base, in one read of the new files
+                    self._new_rows.update(self._read_new_rows(scan, list(self._base_fields)))
+                return self._new_rows.pop(f.key), scan.kept
+        self._base_fields.pop(f.key, None)
+        tbl = self._read_table(["episode_id", f.key])
+        pos = self.positions_of(tbl.column("episode_id").to_numpy())
+        return tbl.column(f.key).combine_chunks().take(pa.array(np.argsort(pos))), 0
+
+    def _read_new_rows(self, scan: IndexScan, keys: list[str]) -> dict[str, pa.Array]:
+        """Columns ``keys`` of the episodes after ``scan.kept``, in episode order, read from their files only."""
+        new_rows = scan.order[scan.kept :]
+        pos = np.empty(scan.table.num_rows, np.int64)
+        pos[new_rows] = np.arange(scan.kept, len(scan.order))
+        pieces = list(self.read_files(keys, np.unique(scan.file[new_rows])))
+        if not pieces:
+            schema = self.arrow_dataset().schema
+            return {k: pa.array([], schema.field(k).type) for k in keys}
+        order = pa.array(np.argsort(np.concatenate([pos[rows] for rows, _ in pieces]), kind="stable"))
+        return {k: pa.concat_arrays([t.column(k).combine_chunks() for _, t in pieces]).take(order) for k in keys}
 
     def tensor_array(self, writer: str, f: FieldSpec, commit: int = 0) -> TensorArray | PlainArray:
         """The array holding ``writer``'s rows of ``f`` (``commit`` 0: its single array); see :meth:`tensor_arrays`."""

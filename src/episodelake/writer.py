@@ -22,12 +22,12 @@ Contracts:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from .checks import check_flags, check_meta, check_values, episode_from_dict, missing_required, split_role
+from .checks import check_flags, check_meta, check_values, missing_required, split_role
 from .commit import CommitSink
 from .episode import FinishedEpisode
 from .errors import ArgumentError, EpisodeStateError, ValidationError
@@ -297,27 +297,6 @@ class EpisodeWriter:
 
 def _plain_meta(meta: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in meta.items()}
-
-
-def write_episodes(sink: CommitSink, episodes: Iterable[Mapping[str, Any]]) -> int:
-    """Validate and submit dict-form episodes; returns how many were written.
-
-    A rejected episode withdraws this call's episodes that are still pending
-    (so a batch within one commit is all or nothing); episodes an automatic
-    commit already stored during the call stay.
-    """
-    count = 0
-    with sink.lock:  # the rollback below must not race a commit from a read in another thread
-        seq, kept = sink.seq, len(sink.pending)
-        try:
-            for i, ep in enumerate(episodes):
-                sink.submit(episode_from_dict(sink.schema, ep, f"episode {i}"))
-                count += 1
-        except ValidationError:
-            sink.pending = sink.pending[:kept] if sink.seq == seq else []
-            sink.pending_bytes = sum(e.nbytes for e in sink.pending)
-            raise
-    return count
 
 
 class VectorEpisodeWriter:
