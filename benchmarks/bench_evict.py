@@ -91,9 +91,7 @@ def main() -> None:
         t0 = time.perf_counter()
         plain.delete(where="length > 0 AND episode_id % 7 = 0")
         t_where = time.perf_counter() - t0
-        print(
-            f"delete {len(ids)} ids of {len(ids) * 10}: {t_del * 1e3:.1f} ms; where (1/7): {t_where * 1e3:.1f} ms"
-        )
+        print(f"delete {len(ids)} ids of {len(ids) * 10}: {t_del * 1e3:.1f} ms; where (1/7): {t_where * 1e3:.1f} ms")
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

@@ -244,7 +244,11 @@ def online_cpprb(steps: int, obs: np.ndarray, act: np.ndarray) -> float:
     rb = ReplayBuffer(CAPACITY, env)
     for i in range(CAPACITY // EP_T):  # full ring
         e = episode(i)
-        rb.add(obs=e["obs"][:EP_T], act=e["act"][:EP_T], rew=e["rew"][:EP_T], next_obs=e["obs"][1 : EP_T + 1])
+        done = np.zeros(EP_T, np.float32)
+        done[-1] = 1
+        rb.add(
+            obs=e["obs"][:EP_T], act=e["act"][:EP_T], rew=e["rew"][:EP_T], next_obs=e["obs"][1 : EP_T + 1], done=done
+        )
     t0 = time.perf_counter()
     for t in range(steps):
         rb.add(obs=obs[t], act=act[t], rew=1.0, next_obs=obs[t + 1], done=float((t + 1) % EP_T == 0))

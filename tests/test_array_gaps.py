@@ -54,7 +54,8 @@ def append(self, rows):
 
 table.EpisodeTable.append = append
 ds = el.Dataset.open(url, storage_options=options, commit_episodes=10)
-ds.append_episodes(episode(seed, i).as_dict(unwrap_action=True) for i in range(20))
+for k in range(2):  # two commits of commit_episodes each: the second is killed
+    ds.append_episodes([episode(seed, i).as_dict(unwrap_action=True) for i in range(10 * k, 10 * k + 10)])
 """
 
 # 0.1.0 itself (from git) writing two writers' commits of 10 episodes each.

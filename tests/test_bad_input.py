@@ -365,6 +365,9 @@ CASES: list[tuple[str, Callable[[el.Dataset], object], type[Exception], str]] = 
     ("transitions priority column", lambda ds: ds.sample_transitions(2, priority="nope"), el.QueryError, r"\"nope\" not found"),
     ("transitions alpha with sampler", lambda ds: ds.sample_transitions(2, sampler=el.PrioritizedSampler(), alpha=0.5), el.ArgumentError, r"alpha and beta belong to the PrioritizedSampler"),
     ("transitions beta without priority", lambda ds: ds.sample_transitions(2, beta=0.5), el.ArgumentError, r"alpha and beta apply with priority= only"),
+    # a learner that keeps up: follow=
+    ("stream follow not bool", lambda ds: ds.segment_stream(sequence_length=2, follow=1), el.ArgumentError, r"follow must be a bool, got 1"),
+    ("stream follow finite", lambda ds: ds.segment_stream(sequence_length=2, replacement=False, follow=True), el.ArgumentError, r"follow=True applies to streams with replacement"),
 ]  # fmt: skip
 
 # Rejections the code does not make yet (areas no one is fixing now): each case fails until the bug is fixed.
@@ -499,6 +502,7 @@ COVERS: dict[str, list[str]] = {
     "sample_transitions(priority)": ["transitions priority shape", "transitions priority column"],
     "sample_transitions(alpha)": ["transitions alpha with sampler"],
     "sample_transitions(beta)": ["transitions beta without priority"],
+    "SegmentStream(follow)": ["stream follow not bool", "stream follow finite"],
 }  # fmt: skip
 
 ANY_VALUE = {

@@ -15,10 +15,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import episodelake as el
 from episodelake import layout
 from episodelake import table as table_mod
+from episodelake.growable import append_rows
 
 L = 2
 ALPHA = 0.5
@@ -84,7 +87,12 @@ def test_refresh_takes_in_new_episodes_and_equals_a_fresh_stream(pair):
     fresh = el.Dataset.open(learner.location.url).segment_stream(sequence_length=L, batch_size=16, seed=3)
     fresh.load_state_dict(state)  # same episodes, same fingerprint: an extended index equals a built one
     for _ in range(5):
-        assert keys(stream.sample()) == keys(fresh.sample())
+        mine, theirs = stream.sample(), fresh.sample()
+        assert keys(mine) == keys(theirs)
+        np.testing.assert_array_equal(mine.obs, theirs.obs)  # rows of grown columns read as a full read does
+        np.testing.assert_array_equal(mine.action, theirs.action)
+        k = mine.obs[:, :1, 0].astype(np.int64)  # episode k's observations all hold k, its actions t + 1000 k
+        np.testing.assert_array_equal(mine.action, mine.start[:, None] + np.arange(L) + 1000 * k)
     seen = {e for _ in range(40) for e in stream.sample().episode_id.tolist()}
     new_ids = set(el.Dataset.open(learner.location.url).episode_ids[10:])
     assert new_ids <= seen  # the new episodes are drawn
@@ -230,3 +238,35 @@ def test_a_compaction_running_at_exit_is_joined(tmp_path):
     lock = ds.location.child(*layout.compact_lock_parts())
     assert not Path(lock).exists()  # released: the compaction ran to its end before the interpreter went
     assert len(ds) == table_mod.COMPACT_EVERY and ds.validate().ok
+
+
+# ---- growable arrays (what a grown snapshot's columns are)
+
+
+@settings(max_examples=100, deadline=None)
+@given(ops=st.lists(st.tuples(st.integers(0, 10), st.integers(0, 5)), min_size=1, max_size=20))
+def test_append_rows_equals_concatenation_and_never_changes_an_earlier_view(ops):
+    """Appending to any earlier result (not only the last) equals np.concatenate; earlier results keep their rows."""
+    results = [np.zeros((0, 2), np.int64)]
+    refs = [results[0].copy()]
+    for j, (pick, m) in enumerate(ops):
+        i = pick % len(results)
+        new = np.full((m, 2), j, np.int64)
+        results.append(append_rows(results[i], new))
+        refs.append(np.concatenate([refs[i], new]))
+        for got, want in zip(results, refs, strict=True):
+            np.testing.assert_array_equal(got, want)
+
+
+def test_a_learner_behind_a_cleaned_up_log_still_refreshes(pair):
+    """Log cleanup removes entries behind a checkpoint: the next entry missing is not 'nothing new'."""
+    writer, learner = pair
+    stream = learner.segment_stream(sequence_length=L, batch_size=4, seed=0)
+    behind = learner.version
+    write(writer, [10])
+    write(writer, [11])
+    writer.compact()  # writes a checkpoint at the latest version
+    log = Path(writer.location.child(*layout.log_parts()))
+    (log / f"{behind + 1:020d}.json").unlink()  # what Delta's log cleanup does to entries behind a checkpoint
+    assert stream.refresh()
+    assert stream.version == writer.version and len(stream.index) == segments_of(range(12))

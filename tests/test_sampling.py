@@ -44,7 +44,8 @@ def make_dataset(path, compression=None, writers=1, storage_options=None):
     parts = np.array_split(np.arange(len(raw)), writers)
     for i, part in enumerate(parts):
         handle = ds if i == 0 else el.Dataset.open(path, storage_options=storage_options)
-        handle.append_episodes(raw[j].as_dict(unwrap_action=True) for j in part)
+        for k in range(0, len(part), 4):  # groups of commit_episodes: several commits (arrays) per writer
+            handle.append_episodes([raw[j].as_dict(unwrap_action=True) for j in part[k : k + 4]])
         handle.flush()
     ds.refresh()
     return ds, raw

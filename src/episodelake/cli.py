@@ -391,7 +391,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("delete", cmd_delete, "remove episodes matching a SQL predicate, in one commit")
     p.add_argument("path", help="dataset path or URL")
-    p.add_argument("--where", default=None, help="SQL predicate over the episodes view, e.g. \"return < 0\"")
+    p.add_argument("--where", default=None, help='SQL predicate over the episodes view, e.g. "return < 0"')
     p.add_argument("--all", action="store_true", help="remove every episode (clear)")
     options(p)
     p.add_argument("--json", action="store_true", help='print {"deleted": N, "version": V}')

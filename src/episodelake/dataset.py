@@ -714,9 +714,7 @@ class Dataset(EpisodeCollection):
         self.close()
 
     # ---- deleting (retention.py)
-    def delete(
-        self, episode_ids: Iterable[int] | None = None, *, where: str | None = None, params: Any = None
-    ) -> int:
+    def delete(self, episode_ids: Iterable[int] | None = None, *, where: str | None = None, params: Any = None) -> int:
         """Remove episodes in one commit: ``episode_ids``, or those matching ``where`` (SQL over ``episodes``).
 
         Returns how many were removed (0: no commit). Unknown ids raise

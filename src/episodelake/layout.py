@@ -48,6 +48,16 @@ def log_parts() -> tuple[str, ...]:
     return (TABLE, LOG)
 
 
+def log_entry_parts(version: int) -> tuple[str, ...]:
+    """The Delta commit entry of ``version`` (every commit writes one)."""
+    return (*log_parts(), f"{version:020d}.json")
+
+
+def last_checkpoint_parts() -> tuple[str, ...]:
+    """Delta's pointer to the latest checkpoint (JSON with its ``version``)."""
+    return (*log_parts(), "_last_checkpoint")
+
+
 def derived_parts() -> tuple[str, ...]:
     """The Delta table of derived columns (``Dataset.update``)."""
     return (DERIVED,)

@@ -185,7 +185,9 @@ class _Planner:
         }
         key = SAMPLER_STATE.get(self.mode)
         if key is not None and self.sampler is not None and hasattr(self.sampler, "state_dict"):
-            out[key] = copy.deepcopy(self.sampler.state_dict())
+            saved = self.sampler.state_dict()
+            # a built-in sampler's generator state is a fresh dict every call: no copy needed (one per batch)
+            out[key] = saved if isinstance(self.sampler, UniformSampler) else copy.deepcopy(saved)
         if self.mode == "prioritized":  # the generator only: priorities are taken when state_dict() is called
             out["rng"] = copy.deepcopy(cast(PrioritizedSampler, self.sampler).rng.bit_generator.state)
         return out

@@ -72,6 +72,7 @@ class EpisodeTable:
         self.dt = dt
         self._commits_since_compact = 0
         self._compactor: threading.Thread | None = None
+        self._checkpoint_stamp = (-1, -1)  # (mtime, version) of the last _last_checkpoint read
 
     @classmethod
     def create(cls, loc: Location, schema: pa.Schema, partition_by: list[str]) -> EpisodeTable:
@@ -101,11 +102,53 @@ class EpisodeTable:
         return self.dt.version()
 
     def refresh(self) -> None:
+        """Move to the latest version; on local disk a no-op costs one file lookup (a learner polls this)."""
+        if self.loc.is_local and not self._newer_on_disk():
+            return
         self.dt.update_incremental()
 
+    def _newer_on_disk(self) -> bool:
+        """Whether the log holds a version after the pinned one: its entry, or a newer checkpoint.
+
+        Every commit writes the next entry; log cleanup removes old entries
+        only behind a checkpoint, which ``_last_checkpoint`` then names.
+        """
+        version = self.version
+        if os.path.exists(self.loc.child(*layout.log_entry_parts(version + 1))):
+            return True
+        path = self.loc.child(*layout.last_checkpoint_parts())
+        try:
+            stamp = os.stat(path).st_mtime_ns
+            if stamp != self._checkpoint_stamp[0]:  # parsed again only when rewritten
+                with open(path, "rb") as fh:
+                    self._checkpoint_stamp = (stamp, int(json.loads(fh.read())["version"]))
+        except (FileNotFoundError, ValueError, KeyError, TypeError):
+            return False
+        return self._checkpoint_stamp[1] > version
+
     def dataset(self) -> pads.Dataset:
-        """The pinned snapshot as an Arrow dataset (pushdown, partition pruning)."""
-        return self.dt.to_pyarrow_dataset(filesystem=self.loc.arrow_filesystem(*layout.table_parts()))
+        """The pinned snapshot as an Arrow dataset (pushdown, partition pruning).
+
+        A local unpartitioned table's dataset is built from its file list
+        alone: deltalake's attaches every file's min/max statistics as an
+        expression, O(files) of work on each snapshot (most of a learner's
+        refresh before a compaction); Arrow still skips row groups by their
+        Parquet statistics.
+        """
+        fs = self.loc.arrow_filesystem(*layout.table_parts())
+        if self.loc.is_local and not self.dt.metadata().partition_columns:
+            root = self.loc.child(*layout.table_parts()) + "/"
+            files = self.dt.file_uris()
+            if all(f.startswith(root) for f in files):
+                return pads.FileSystemDataset.from_paths(
+                    [f[len(root) :] for f in files],
+                    schema=pa.schema(self.dt.schema().to_arrow()),
+                    format=pads.ParquetFileFormat(
+                        default_fragment_scan_options=pads.ParquetFragmentScanOptions(pre_buffer=True)
+                    ),
+                    filesystem=fs,
+                )
+        return self.dt.to_pyarrow_dataset(filesystem=fs)
 
     def read(self, columns: list[str], filter: Any = None) -> pa.Table:
         return self.dataset().to_table(columns=columns, filter=filter)
@@ -339,8 +382,10 @@ def _compact_quietly(loc: Location) -> None:
     try:
         dt = DeltaTable(loc.delta_uri(), storage_options=loc.delta_options())
         compact_table(loc, dt)
-    except TableNotFoundError:
-        pass  # the dataset was removed (an in-memory dataset dropped) before the thread ran
+    except Exception:
+        if os.path.isdir(loc.child(*layout.log_parts())):
+            raise  # a real failure: threading's excepthook reports it
+        # else the dataset was removed meanwhile (a temporary or in-memory dataset dropped): nothing to compact
     finally:
         with _COMPACTORS_LOCK:
             _COMPACTORS.discard(threading.current_thread())

@@ -1,0 +1,73 @@
+"""Journey: an online replay loop in two processes (actor writes with eviction, learner samples by priority).
+
+Checked by exit statuses and by what is on disk afterwards, against a FIFO
+model of what the actor says it committed (computed here, independently).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+import episodelake as el
+
+SCRIPTS = Path(__file__).parent / "scripts"
+STEPS, EPISODES = 120, 12  # the actor's capacity
+
+
+def fifo_model(committed: list[list[tuple[int, int]]]) -> list[int]:
+    """The episodes (k) live after these commits: each commit adds its episodes, then the oldest go until it fits."""
+    live: list[tuple[int, int]] = []
+    for commit in committed:
+        live += commit
+        while sum(n for _, n in live) > STEPS or len(live) > EPISODES:
+            live.pop(0)
+    return [k for k, _ in live]
+
+
+def test_actor_with_eviction_and_prioritized_learner(tmp_path):
+    n = 60
+    actor = subprocess.Popen(
+        [sys.executable, str(SCRIPTS / "replay_actor.py"), "ds", str(n), "committed.txt"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+    )
+    learner = subprocess.Popen(
+        [sys.executable, str(SCRIPTS / "replay_learner.py"), "ds"],
+        cwd=tmp_path,
+        stdin=actor.stdout,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    actor.stdout.close()  # the learner holds the pipe's only reader
+    try:
+        out, err = learner.communicate(timeout=180)
+        assert actor.wait(timeout=60) == 0
+    finally:
+        for proc in (actor, learner):
+            if proc.poll() is None:
+                proc.kill()
+    assert learner.returncode == 0, err
+    result = json.loads(out)
+    assert result["batches"] > 0 and result["new_versions"] >= 1  # the learner's stream took in new commits
+
+    # what the actor committed: one line per commit, ``k:length`` per episode
+    text = (tmp_path / "committed.txt").read_text().splitlines()
+    commits = [[tuple(map(int, item.split(":"))) for item in line.split()] for line in text]
+    assert [k for c in commits for k, _ in c] == list(range(n))  # every episode committed once, in order
+    ds = el.Dataset.open(str(tmp_path / "ds"))
+    assert result["version"] <= ds.version
+    model = fifo_model(commits)
+    live = [int(k) for k in ds.sql_numpy("SELECT k FROM episodes ORDER BY created_at, episode_id")["k"]]
+    assert live == model
+    for ep in ds.episodes():  # every live episode whole, as written
+        k = int(ep.meta["k"])
+        assert ep.length == 2 + (3 * k) % 9
+        np.testing.assert_array_equal(ep.read().all_obs[:, 0], 100 * k + np.arange(ep.length + 1))
+    assert ds.num_steps <= STEPS and len(ds) <= EPISODES
+    assert ds.validate().ok
