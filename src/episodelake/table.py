@@ -76,12 +76,16 @@ class EpisodeTable:
 
     @classmethod
     def create(cls, loc: Location, schema: pa.Schema, partition_by: list[str]) -> EpisodeTable:
+        # File statistics only for the leading scalar columns (ids, flags, meta, refs): the list
+        # columns' min/max would cost every commit time and skip no file.
+        scalars = next((i for i, f in enumerate(schema) if pa.types.is_list(f.type)), len(schema))
         dt = DeltaTable.create(
             loc.delta_uri(),
             schema=schema,
             partition_by=partition_by or None,
             storage_options=loc.delta_options(),
             mode="error",
+            configuration={"delta.dataSkippingNumIndexedCols": str(scalars)},
         )
         return cls(loc, dt)
 
@@ -205,7 +209,7 @@ class EpisodeTable:
                 time.sleep(delay)  # back off before retrying a lost optimistic-concurrency race
                 delay = min(delay * 2, 1.0)
                 self.dt.update_incremental()
-        self.dt.update_incremental()
+        # write_deltalake moved self.dt to the version it committed: no update_incremental here
         if landed is not None:
             landed(self.version)
         self._commits_since_compact += 1
