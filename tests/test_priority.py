@@ -111,7 +111,7 @@ def test_sum_tree_draws_follow_the_leaves():
 # ---- data: a few episodes with a numeric meta field and non-negative rewards
 
 
-def make_dataset(lengths=(6, 9, 4, 12), difficulty=(1.0, 3.0, 0.5, 2.0), path=None):
+def make_dataset(lengths=(6, 9, 4, 12), difficulty=(1.0, 3.0, 0.5, 2.0), path=None, storage_options=None):
     rng = np.random.default_rng(7)
     schema = el.DatasetSchema(
         [
@@ -134,7 +134,7 @@ def make_dataset(lengths=(6, 9, 4, 12), difficulty=(1.0, 3.0, 0.5, 2.0), path=No
     if path is None:
         ds = el.Dataset.from_episodes(episodes, schema=schema)
     else:
-        ds = el.Dataset.create(schema, str(path))
+        ds = el.Dataset.create(schema, str(path), storage_options=storage_options)
         ds.append_episodes(episodes)
         ds.flush()
     return ds, episodes
@@ -154,11 +154,14 @@ def chi_square(counts: np.ndarray, probabilities: np.ndarray) -> float:
 # ---- streams
 
 
-@pytest.mark.parametrize("on_disk", [False, True])
-def test_stream_draws_p_alpha_and_weights_follow_the_formula(tmp_path, on_disk):
+@pytest.mark.parametrize("kind", ["memory", "disk", "s3"])
+def test_stream_draws_p_alpha_and_weights_follow_the_formula(request, tmp_path, kind):
     """P(segment) = difficulty**alpha / sum, weights = (N P)**-beta / batch max, then updates change P."""
     lengths, difficulty = (6, 9, 4, 12), np.array([1.0, 3.0, 0.5, 2.0])
-    ds, _ = make_dataset(lengths, tuple(difficulty), tmp_path / "ds" if on_disk else None)
+    path, opts = {"memory": None, "disk": tmp_path / "ds"}.get(kind), None
+    if kind == "s3":
+        path, opts = request.getfixturevalue("s3_url"), request.getfixturevalue("s3_server").storage_options
+    ds, _ = make_dataset(lengths, tuple(difficulty), path, opts)
     L = 3
     where, keys = segments_of(ds, lengths, L)
     raw = np.repeat(difficulty, [T - L + 1 for T in lengths])
