@@ -408,3 +408,28 @@ def test_weights_convert_with_the_batch_and_indices_stay_numpy():
     tr = ds.sample_transitions(8, priority=1.0, seed=0)
     tt = to_torch(tr)
     assert isinstance(tt.weights, torch.Tensor) and np.array_equal(tt.indices, tr.indices)
+
+
+def test_sum_tree_sample_values_are_the_drawn_leaves():
+    """sample_values draws what sample draws (same generator state) and returns those leaves' values."""
+    rng = np.random.default_rng(3)
+    leaves = rng.random(5000) * (rng.random(5000) > 0.3)
+    tree = SumTree(block=16, top=64)
+    tree.extend(leaves)
+    got, values = tree.sample_values(np.random.default_rng(5), 1000)
+    assert np.array_equal(got, tree.sample(np.random.default_rng(5), 1000))
+    assert np.array_equal(values, leaves[got]) and (values > 0).all()
+
+
+def test_a_kept_sampler_switching_selections_draws_from_the_current_one():
+    """Alternating where= selections (each call rebinds unless the selection is the cached one): every draw
+    comes from the current selection, and the full one again reaches every episode."""
+    ds, _ = make_dataset()
+    per = el.PrioritizedSampler(alpha=ALPHA, beta=BETA, seed=6)
+    ids = ds.episode_ids.tolist()
+    for _ in range(3):
+        for kept in (ids[:1], ids[1:], ids):
+            where = f"episode_id IN ({', '.join(map(str, kept))})"
+            tr = ds.sample_transitions(400, sampler=per, where=where)
+            assert set(tr.episode_id.tolist()) == set(kept)
+        assert set(ds.sample_transitions(400, sampler=per).episode_id.tolist()) == set(ids)

@@ -92,3 +92,15 @@ def test_bad_transition_arguments(lake):
         ds.sample_transitions(4, gamma=1.5)
     with pytest.raises(el.ValidationError, match="history"):
         ds.sample_transitions(4, history=-1)
+
+
+def test_one_step_reward_is_the_stored_reward_exactly(lake):
+    """n_step = 1: each transition's reward is the written reward, bit for bit (no float64 round trip drift)."""
+    ds, raw = lake
+    snap = ds.snapshot()
+    pos = np.repeat(np.arange(len(raw)), snap.lengths)
+    t = np.concatenate([np.arange(T) for T in snap.lengths])
+    tr = build_transitions(reader_for(snap), pos, t)
+    by_id = raw_by_id(ds, raw)
+    want = np.array([by_id[int(e)].reward[s] for e, s in zip(tr.episode_id, tr.start, strict=True)])
+    assert tr.reward.dtype == want.dtype and np.array_equal(tr.reward, want)

@@ -29,6 +29,7 @@ object-store arrays through :class:`~episodelake.tensors.PlainArray`.
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import sys
@@ -37,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from .episode import rows_for
+from .episode import extra_rows, rows_for
 from .errors import CorruptionError
 from .layout import chunk_parts
 from .location import Location
@@ -50,6 +51,7 @@ MAX_MAPPED_CHUNKS = 8192  # bound on cached chunk mappings per array (vm.max_map
 
 
 PAGE = mmap.PAGESIZE
+SMALL_BYTES = 1 << 16  # batch buffers below this are fresh arrays, not pooled
 
 
 def aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
@@ -273,7 +275,9 @@ class WindowReader:
         typed = {f.name: typed_meta(snap.index[f.key], f) for f in self.schema.meta_fields}
         self.meta = {name: values for name, (values, _) in typed.items()}
         self.meta_valid = {name: valid for name, (_, valid) in typed.items()}
-        self._table = {f.key: (snap.table_field(f), snap.offsets(f)[:-1]) for f in self.schema.table_step_fields}
+        self._table = {f.key: snap.table_field(f) for f in self.schema.table_step_fields}
+        # each episode's first row in the table fields' arrays, by extra rows (see rows_for)
+        self._base = {extra_rows(f): snap.offsets(f)[:-1] for f in self.schema.step_fields}
         self._tensor = {f.key: TensorField(snap, f) for f in self.schema.tensor_fields}
         self._init_process()
 
@@ -296,20 +300,37 @@ class WindowReader:
 
     def gather(self, f: FieldSpec, pos: np.ndarray, rows: np.ndarray) -> np.ndarray:
         """``out[b, w] = row rows[b, w] of episode pos[b]``; zeros for rows outside the episode."""
+        valid = (rows >= 0) & (rows < (self.lengths[pos] + extra_rows(f))[:, None])
+        return self._gather(f, pos, rows, None if valid.all() else valid, {})
+
+    def _gather(
+        self, f: FieldSpec, pos: np.ndarray, rows: np.ndarray, valid: np.ndarray | None, sources: dict[int, np.ndarray]
+    ) -> np.ndarray:
+        """:meth:`gather` given ``valid`` (the rows inside their episodes, None when all of them are).
+
+        ``sources`` caches the table row numbers by extra rows, for the other fields of the same batch.
+        """
         if os.getpid() != self._pid:  # forked: locks may have been held by a parent thread
             self._init_process()
         B, W = rows.shape
-        valid = (rows >= 0) & (rows < self.nrows(f)[pos][:, None])
-        out = self.pool.take((B, W, *f.shape), f.np_dtype)
+        shape = (B, W, *f.shape)
+        # small buffers: a fresh array costs less than the pool's bookkeeping, and alignment does not matter
+        small = B * W * math.prod(f.shape) * f.np_dtype.itemsize < SMALL_BYTES
+        out = np.empty(shape, f.np_dtype) if small else self.pool.take(shape, f.np_dtype)
         flat = out.reshape(B * W, *f.shape)
-        if f.key in self._table:
-            values, base = self._table[f.key]
-            src = np.where(valid, base[pos][:, None] + rows, 0).ravel()
+        values = self._table.get(f.key)
+        if values is not None:
+            extra = extra_rows(f)
+            src = sources.get(extra)
+            if src is None:
+                src = self._base[extra][pos][:, None] + rows
+                src = sources[extra] = (src if valid is None else np.where(valid, src, 0)).ravel()
             if len(values):
                 np.take(values, src, axis=0, out=flat, mode="clip")
         else:
-            self._gather_tensor(self._tensor[f.key], pos, rows, valid, flat)
-        if not valid.all():
+            inside = np.ones(rows.shape, dtype=bool) if valid is None else valid
+            self._gather_tensor(self._tensor[f.key], pos, rows, inside, flat)
+        if valid is not None:
             out[~valid] = 0
         return out
 
@@ -360,8 +381,25 @@ class WindowReader:
         first = np.asarray(first, dtype=np.int64)
         rows = first[:, None] + np.arange(length + 1)
         step_rows = rows[:, :length]
-        data = {f.key: self.gather(f, pos, rows[:, : rows_for(f, length)]) for f in self.schema.step_fields}
-        terminated, truncated, mask = self.flags(pos, step_rows)
+        lengths = self.lengths[pos]
+        T = lengths[:, None]
+        # Validity and table row numbers are shared by every field with the same extra rows: computed once per
+        # batch, not per field, and validity not at all when every window lies inside its episode (no padding).
+        inside: dict[int, np.ndarray | None] = {0: None, 1: None}
+        if not len(pos) or (first.min() >= 0 and (first + length <= lengths).all()):
+            mask = np.ones((len(pos), length), dtype=bool)
+        else:
+            for extra in (0, 1):
+                ok = (rows[:, : length + extra] >= 0) & (rows[:, : length + extra] < T + extra)
+                inside[extra] = None if ok.all() else ok
+            mask = (step_rows >= 0) & (step_rows < T)  # the transitions inside their episodes
+        sources: dict[int, np.ndarray] = {}
+        data = {
+            f.key: self._gather(f, pos, rows[:, : rows_for(f, length)], inside[extra_rows(f)], sources)
+            for f in self.schema.step_fields
+        }
+        last = step_rows == T - 1
+        terminated, truncated = last & self.terminated[pos][:, None], last & self.truncated[pos][:, None]
         return Segment(
             self.schema,
             data,
@@ -374,13 +412,6 @@ class WindowReader:
             time_axis=1,
             meta_mask={name: valid[pos] for name, valid in self.meta_valid.items()},
         )
-
-    def flags(self, pos: np.ndarray, steps: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``terminated``, ``truncated`` and ``mask`` for transition indices ``steps`` ``[B, W]``."""
-        T = self.lengths[pos][:, None]
-        last = steps == T - 1
-        mask = (steps >= 0) & (steps < T)
-        return last & self.terminated[pos][:, None], last & self.truncated[pos][:, None], mask
 
 
 _READER_LOCK = threading.Lock()

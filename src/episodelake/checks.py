@@ -17,7 +17,7 @@ import numpy as np
 
 from .episode import EpisodeBatch, FinishedEpisode, rows_for
 from .errors import ValidationError
-from .schema import EPISODE_KEYS, STRING_LIMIT, DatasetSchema, FieldSpec, flatten_role
+from .schema import EPISODE_KEYS, STEP_KEYS, STRING_LIMIT, DatasetSchema, FieldSpec, flatten_role
 
 _KIND_RANK = {"b": 0, "u": 1, "i": 1, "f": 2, "c": 3}
 
@@ -53,6 +53,41 @@ def check_values(f: FieldSpec, value: Any, lead: tuple[int, ...], where: str) ->
         step = f" (first at row {bad})" if lead else ""
         raise ValidationError(f"{where}: field {f.key!r} has NaN or infinity{step}")
     return out
+
+
+StepPlan = dict[str, tuple[str, np.dtype, tuple[int, ...], bool]]
+
+
+def step_plan(schema: DatasetSchema, roles: tuple[str, ...]) -> StepPlan:
+    """Step key -> ``(field key, dtype, shape, finite)`` for each of ``roles`` made of one field (every alias).
+
+    What :func:`plain_value` needs to accept a value without the general path;
+    a role of several fields has no entry (its values come as mappings).
+    """
+    plan: StepPlan = {}
+    for key, role in STEP_KEYS.items():
+        fields = schema.role_fields(role)
+        if role in roles and len(fields) == 1:
+            f = fields[0]
+            plan[key] = (f.key, f.np_dtype, f.shape, f.finite)
+    return plan
+
+
+def plain_value(dtype: np.dtype, shape: tuple[int, ...], finite: bool, value: Any) -> Any:
+    """``value`` if it needs no conversion to be stored (an array of exactly ``dtype`` and ``shape``, or a
+    float for a float scalar field), finite when ``finite``; else None: let :func:`check_values` judge it.
+
+    Why: the same acceptance as :func:`check_values` at a fraction of its cost, for the per-step path.
+    """
+    if type(value) is np.ndarray:
+        if value.dtype != dtype or value.shape != shape:
+            return None
+        if finite and dtype.kind in "fc" and not np.isfinite(value).all():
+            return None
+        return value
+    if type(value) is float and not shape and not finite and dtype.kind in "fc":
+        return value  # stored by assignment: the same cast check_values' astype does
+    return None
 
 
 def split_role(schema: DatasetSchema, role: str, value: Any, where: str) -> dict[str, Any]:
@@ -105,6 +140,8 @@ def missing_required(schema: DatasetSchema, meta: Mapping[str, Any]) -> tuple[st
 
 
 def check_flags(terminated: Any, truncated: Any, where: str) -> tuple[bool, bool]:
+    if type(terminated) is bool and type(truncated) is bool and not (terminated and truncated):
+        return terminated, truncated  # the common case, without building arrays
     flags = []
     for name, v in (("terminated", terminated), ("truncated", truncated)):
         arr = np.asarray(v)

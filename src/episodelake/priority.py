@@ -106,9 +106,16 @@ def bind(
     priority: Any,
 ) -> None:
     """Point ``sampler`` at ``index``'s items; new items start at ``priority`` (None: the largest seen)."""
+    # the episodes and counts below follow from these three (arrays are replaced, never changed, when an index
+    # grows): repeated draws from one cached index skip the gather and the comparisons
+    key = (snap, index.positions, index.shard_counts)
+    bound = sampler.bound_key
+    if bound is not None and all(a is b for a, b in zip(bound, key, strict=True)):
+        return
 
     def initial() -> np.ndarray:
         return item_priorities(collection, snap, positions, index, priority)
 
     episode_ids = snap.index["episode_id"][index.positions]
     sampler.bind(episode_ids, index.shard_counts, None if priority is None else initial)
+    sampler.bound_key = key

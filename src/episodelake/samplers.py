@@ -137,6 +137,9 @@ class PrioritizedSampler:
         self._live = np.zeros(0, dtype=bool)
         self._episodes: dict[int, tuple[int, int]] = {}  # episode id -> (first slot, slots)
         self._bound: tuple[np.ndarray, np.ndarray] | None = None  # (episode ids, counts) of the bound index
+        # what episodelake.priority.bind last bound (snapshot and index arrays, compared by identity);
+        # None after any other bind or a loaded state
+        self.bound_key: tuple[Any, ...] | None = None
         self._to_local: np.ndarray | None = None  # slot -> local id of the bound index; None: the identity
         self._size = 0
 
@@ -150,6 +153,7 @@ class PrioritizedSampler:
         ``initial()`` gives per-item priorities ``[sum(counts)]`` of the index
         (called only if some episode is new); None: the largest priority seen.
         """
+        self.bound_key = None
         episode_ids = np.asarray(episode_ids, dtype=np.int64)
         counts = np.asarray(counts, dtype=np.int64)
         if (
@@ -244,10 +248,9 @@ class PrioritizedSampler:
         total = self._tree.total
         if total <= 0:
             raise ArgumentError("priority: every item has priority 0")
-        slots = self._tree.sample(self.rng, batch_size)
-        p = self._tree.leaves[slots] / total
-        w = (self._size * p) ** -self.beta
-        weights = (w / w.max()).astype(np.float32)
+        slots, v = self._tree.sample_values(self.rng, batch_size)
+        # (N * P(i)) ** -beta / max_batch(...) is (min_batch leaf / leaf_i) ** beta: N and the total cancel
+        weights = ((v.min() / v) ** self.beta).astype(np.float32)
         local = slots if self._to_local is None else self._to_local[slots]
         return local, slots, weights
 
@@ -265,16 +268,18 @@ class PrioritizedSampler:
         idx = np.asarray(indices)
         if idx.dtype.kind not in "iu":
             raise ArgumentError(f"update_priorities: indices must be integers, got dtype {idx.dtype}")
-        idx = idx.astype(np.int64).ravel()
+        idx = idx.astype(np.int64, copy=False).ravel()
         p = check_priorities(priorities, "item").ravel()
         if p.shape != idx.shape:
             raise ArgumentError(f"update_priorities: {len(idx)} indices but {len(p)} priorities")
         if not len(idx):
             return
-        if idx.min() < 0 or idx.max() >= len(self._raw):
+        ranked = np.sort(idx)  # its ends check the range, its neighbours find repeats (rare: then sort again)
+        if ranked[0] < 0 or ranked[-1] >= len(self._raw):
             bad = idx[(idx < 0) | (idx >= len(self._raw))][0]
             raise ArgumentError(f"update_priorities: index {int(bad)} out of range for {len(self._raw)} items")
-        idx, p = self._tree.last_wins(idx, p)
+        if not (ranked[1:] != ranked[:-1]).all():
+            idx, p = self._tree.last_wins(idx, p)
         self._raw[idx] = p
         self._tree.update(idx, self._powered(p) * self._live[idx], unique=True)
         self.max_priority = max(self.max_priority, float(p.max()))
@@ -340,4 +345,4 @@ class PrioritizedSampler:
         self._episodes = {i: (f, c) for i, f, c in zip(ids.tolist(), first.tolist(), n.tolist(), strict=True)}
         self._tree = SumTree()
         self._tree.extend(np.zeros(raw.size))
-        self._bound, self._to_local, self._size = None, None, 0
+        self._bound, self._to_local, self._size, self.bound_key = None, None, 0, None

@@ -188,8 +188,8 @@ class _Planner:
             saved = self.sampler.state_dict()
             # a built-in sampler's generator state is a fresh dict every call: no copy needed (one per batch)
             out[key] = saved if isinstance(self.sampler, UniformSampler) else copy.deepcopy(saved)
-        if self.mode == "prioritized":  # the generator only: priorities are taken when state_dict() is called
-            out["rng"] = copy.deepcopy(cast(PrioritizedSampler, self.sampler).rng.bit_generator.state)
+        if self.mode == "prioritized":  # the generator only (a fresh dict): priorities are taken by state_dict()
+            out["rng"] = cast(PrioritizedSampler, self.sampler).rng.bit_generator.state
         return out
 
     def check(self, state: dict[str, Any]) -> None:

@@ -15,7 +15,9 @@ leaves and the values of the touched blocks' ancestors. Block prefix sums
 are one matrix product with a triangle of ones (several times faster than
 ``np.cumsum(axis=1)`` on rows this short): each row is summed in one fixed
 order, so its prefix sums never decrease and a zero child adds exactly
-nothing. A
+nothing. A search writes them after a column of zeros (a reused buffer), so
+the sum before each chosen child is one gather, with no branch for the first
+child. A
 batch of ``k`` searches or updates is a handful of NumPy calls on
 ``[k, BLOCK]`` arrays per level: ``O(k * BLOCK * log n)`` work, ``O(log n)``
 calls, no stored per-block prefix sums (half the memory, and the rows a
@@ -50,6 +52,8 @@ class SumTree:
     def __init__(self, capacity: int = 0, block: int = BLOCK, top: int = TOP) -> None:
         self.block, self.top = block, top
         self._triangle = np.triu(np.ones((block, block)))
+        self._ones = np.ones(block - 1)
+        self._scratch = self._search_buffers(0)
         self._build(np.zeros(max(int(capacity), 1)))
         self._n = 0
 
@@ -68,13 +72,18 @@ class SumTree:
         self._top = np.zeros(sizes[0] + 1)  # prefix sums of the top level, with a leading 0
         np.cumsum(self._vals[0], out=self._top[1:])
 
-    def _prefix(self, rows: np.ndarray) -> np.ndarray:
+    def _prefix(self, rows: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """Prefix sums of each row, as a product with an upper triangle of ones (much faster than
         ``np.cumsum(axis=1)`` on short rows; a fixed summation order per row keeps them non-decreasing)."""
-        return rows @ self._triangle
+        return np.matmul(rows, self._triangle, out=out)
 
     def _block_sums(self, level: int, blocks: np.ndarray | slice) -> np.ndarray:
         return self._prefix(self._vals[level].reshape(-1, self.block)[blocks])[:, -1]
+
+    def _search_buffers(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """``[k, block + 1]`` zeros (a search writes prefix sums after column 0) and the flat row starts."""
+        b = self.block
+        return np.zeros((k, b + 1)), np.arange(k, dtype=np.int64) * (b + 1)
 
     def __len__(self) -> int:
         return self._n
@@ -139,31 +148,46 @@ class SumTree:
 
     def find(self, u: np.ndarray) -> np.ndarray:
         """Leaf ``i`` with ``S(i) <= u < S(i + 1)`` for each ``u`` in ``[0, total)`` (see module docstring)."""
+        return self.find_values(u)[0]
+
+    def find_values(self, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`find`'s leaves and their values (all positive)."""
         u = np.asarray(u, dtype=np.float64)
         u = np.minimum(u, np.nextafter(self._top[-1], 0.0))  # stay inside the last positive node
         leaf = self._descend(u, clamp=False)
-        redo = np.flatnonzero(self._vals[-1][leaf] == 0)
+        values = self._vals[-1][leaf]
+        redo = np.flatnonzero(values == 0)
         if len(redo):
             leaf[redo] = self._descend(u[redo], clamp=True)
-        return leaf
+            values[redo] = self._vals[-1][leaf[redo]]
+        return leaf, values
 
     def _descend(self, u: np.ndarray, clamp: bool) -> np.ndarray:
         top = self._top
         node = np.searchsorted(top[1:], u, side="right")
         u = u - top[node]
-        rows = np.arange(len(u))
         b = self.block
-        ones = np.ones(b)
+        if len(self._scratch[1]) != len(u):
+            buffers = self._search_buffers(len(u))
+            if not clamp:  # the batch size of the ordinary search: keep (the clamped redo is rare and small)
+                self._scratch = buffers
+        else:
+            buffers = self._scratch
+        cs, offsets = buffers  # cs[:, c]: the sum of children before c; cs[:, b]: the node's value
         for vals in self._vals[1:]:
-            cs = self._prefix(vals.reshape(-1, b)[node])
-            if clamp:  # keep the residual inside this node, whose value is cs[:, -1]
-                u = np.minimum(u, np.nextafter(cs[:, -1], 0.0))
-            # children whose prefix sum is <= u (a matrix product counts them faster than sum(axis=1))
-            j = np.minimum((cs <= u[:, None]) @ ones, b - 1).astype(np.int64)
-            u = u - np.where(j > 0, cs[rows, j - 1], 0.0)
+            self._prefix(vals.reshape(-1, b)[node], out=cs[:, 1:])
+            if clamp:  # keep the residual inside this node
+                u = np.minimum(u, np.nextafter(cs[:, b], 0.0))
+            # j: children 0 .. b - 2 whose prefix sum is <= u (a matrix product counts them fastest)
+            j = ((cs[:, 1:b] <= u[:, None]) @ self._ones).astype(np.int64)
+            u = u - cs.ravel()[offsets + j]
             node = node * b + j
         return node
 
     def sample(self, rng: np.random.Generator, k: int) -> np.ndarray:
         """``k`` leaves drawn with replacement, ``P(i) = leaf[i] / total``; the total must be positive."""
-        return self.find(rng.random(k) * self.total)
+        return self.sample_values(rng, k)[0]
+
+    def sample_values(self, rng: np.random.Generator, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`sample`'s leaves and their values (one draw of the generator, as :meth:`sample`)."""
+        return self.find_values(rng.random(k) * self.total)

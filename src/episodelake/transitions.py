@@ -88,14 +88,14 @@ def build_transitions(
     if len(t) and ((t < 0) | (t >= T)).any():
         raise IndexError("transition index outside its episode")
     m = np.minimum(n, T - t)
-    obs_rows = t[:, None] - k + 1 + np.arange(k)
+    column = t[:, None]  # windows of one row are this view: no arithmetic in the common k = h = n = 1 case
+    obs_rows = column if k == 1 else column - k + 1 + np.arange(k)
     if n == 1:  # next stack is the obs stack shifted by one: one (k + 1)-row window
         rows, next_at = np.concatenate([obs_rows, (t + 1)[:, None]], axis=1), 1
     else:
         rows, next_at = np.concatenate([obs_rows, obs_rows + m[:, None]], axis=1), k
-    act_rows = t[:, None] + np.arange(h)
-    rew_rows = t[:, None] + np.arange(n)
-    powers = gamma ** np.arange(n)
+    act_rows = column if h == 1 else column + np.arange(h)
+    rew_rows = column if n == 1 else column + np.arange(n)
     buffers: dict[str, Any] = {}
     for f in reader.schema.step_fields:
         if f.role == "observation":
@@ -105,15 +105,19 @@ def build_transitions(
         elif f.role == "reward":
             r = reader.gather(f, pos, rew_rows)
             dtype = np.result_type(r.dtype, np.float32)
-            buffers[f.key] = np.einsum("bn...,n->b...", r.astype(np.float64), powers).astype(dtype)
+            if n == 1:  # the sum of one reward: itself (exactly what the float64 sum would round back to)
+                buffers[f.key] = r[:, 0].astype(dtype)
+            else:
+                powers = gamma ** np.arange(n)
+                buffers[f.key] = np.einsum("bn...,n->b...", r.astype(np.float64), powers).astype(dtype)
         else:
-            buffers[f.key] = reader.gather(f, pos, t[:, None])[:, 0]
+            buffers[f.key] = reader.gather(f, pos, column)[:, 0]
     ends = t + m == T
     terminated = ends & reader.terminated[pos]
     buffers.update(
         terminated=terminated,
         truncated=ends & reader.truncated[pos],
-        discount=np.where(terminated, 0.0, gamma**m).astype(np.float32),
+        discount=np.where(terminated, np.float32(0), np.float32(gamma) if n == 1 else (gamma**m).astype(np.float32)),
         n_steps=m,
         obs_mask=obs_rows >= 0,
         next_obs_mask=rows[:, next_at : next_at + k] >= 0,

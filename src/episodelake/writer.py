@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from .checks import check_flags, check_meta, check_values, missing_required, split_role
+from .checks import check_flags, check_meta, check_values, missing_required, plain_value, split_role, step_plan
 from .commit import CommitSink
 from .episode import FinishedEpisode
 from .errors import ArgumentError, EpisodeStateError, ValidationError
@@ -41,6 +41,7 @@ QUEUED_MESSAGE = (
 
 
 _MISSING: Any = object()
+STEP_ROLES = ("observation", "action", "reward", "extra")
 
 
 def with_defaults(schema: DatasetSchema, role: str, value: Any) -> Any:
@@ -71,14 +72,16 @@ class _Buffers:
         self.arrays = {f.key: np.empty((capacity, *f.shape), f.np_dtype) for f in fields}
         self.size = {f.key: 0 for f in fields}
 
-    def put(self, key: str, value: np.ndarray) -> None:
-        arr = self.arrays[key]
-        n = self.size[key]
-        if n == len(arr):
-            arr = np.concatenate([arr, np.empty_like(arr)])
-            self.arrays[key] = arr
-        arr[n] = value
-        self.size[key] = n + 1
+    def put(self, values: Mapping[str, Any]) -> None:
+        """Append one row to each field of ``values`` (one assignment each)."""
+        arrays, size = self.arrays, self.size
+        for key, value in values.items():
+            arr = arrays[key]
+            n = size[key]
+            if n == len(arr):
+                arr = arrays[key] = np.concatenate([arr, np.empty_like(arr)])
+            arr[n] = value
+            size[key] = n + 1
 
     def take(self) -> dict[str, np.ndarray]:
         return {k: a[: self.size[k]].copy() for k, a in self.arrays.items()}
@@ -135,9 +138,10 @@ class EpisodeWriter:
         )
         checked = {k: check_values(schema[k], v, (), "initial observation") for k, v in obs.items()}
         self._bufs = _Buffers(schema.step_fields)
-        for k, v in checked.items():
-            self._bufs.put(k, v)
-        self._roles = [(r, schema.role_fields(r)) for r in ("observation", "action", "reward", "extra")]
+        self._bufs.put(checked)
+        self._roles = [(r, schema.role_fields(r)) for r in STEP_ROLES]
+        self._plan = step_plan(schema, STEP_ROLES)
+        self._n_fields = sum(len(fields) for _, fields in self._roles)
         self.length = 0
         self._state = "open"  # -> "awaiting" (held for required meta) -> "queued"; or "discarded"
         self._ended: tuple[dict[str, np.ndarray], bool, bool] | None = None
@@ -176,6 +180,10 @@ class EpisodeWriter:
         if self.done:
             raise EpisodeStateError(f"step {self.length}: the episode already ended; start a new one")
         where = f"step {self.length}"
+        plain = self._plain(step)
+        if plain is not None:
+            terminated, truncated = check_flags(step.get("terminated", False), step.get("truncated", False), where)
+            return plain, terminated, truncated, check_meta(self.sink.schema, meta, where) if meta else {}
         schema = self.sink.schema
         by_role: dict[str, Any] = {}
         for key, value in step.items():
@@ -201,11 +209,31 @@ class EpisodeWriter:
         terminated, truncated = check_flags(step.get("terminated", False), step.get("truncated", False), where)
         return checked, terminated, truncated, check_meta(schema, meta, where) if meta else {}
 
+    def _plain(self, step: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The step's values by field key when each is already storable as is (see :func:`plain_value`).
+
+        None sends the step down the general path, which fills defaults and
+        raises the errors; this one only ever accepts what that one would.
+        """
+        plan = self._plan
+        out: dict[str, Any] = {}
+        for key, value in step.items():
+            spec = plan.get(key)
+            if spec is None:
+                if key in ("terminated", "truncated"):
+                    continue
+                return None
+            k, dtype, shape, finite = spec
+            v = plain_value(dtype, shape, finite, value)
+            if v is None or k in out:
+                return None
+            out[k] = v
+        return out if len(out) == self._n_fields else None
+
     def _apply(
         self, checked: Mapping[str, np.ndarray], terminated: bool, truncated: bool, meta: Mapping[str, Any]
     ) -> None:
-        for k, v in checked.items():
-            self._bufs.put(k, v)
+        self._bufs.put(checked)
         self._meta.update(meta)
         self.length += 1
         if terminated or truncated:
