@@ -83,12 +83,18 @@ def merge_stats(a: dict[str, Any] | None, b: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def episode_return(schema: DatasetSchema, data: Mapping[str, np.ndarray]) -> float | None:
-    """The sum of the episode's rewards when the schema has one scalar numeric reward field, else None."""
+def return_field(schema: DatasetSchema) -> FieldSpec | None:
+    """The field an episode's ``return`` sums: the one scalar numeric reward field, else None (no return)."""
     rewards = schema.role_fields("reward")
     if len(rewards) != 1 or rewards[0].np_dtype.kind not in "biuf" or rewards[0].shape != ():
         return None
-    return float(data[rewards[0].key].sum(dtype=np.float64))
+    return rewards[0]
+
+
+def episode_return(schema: DatasetSchema, data: Mapping[str, np.ndarray]) -> float | None:
+    """The sum of the episode's rewards under :func:`return_field`'s rule, else None."""
+    f = return_field(schema)
+    return None if f is None else float(data[f.key].sum(dtype=np.float64))
 
 
 def stat_fields(schema: DatasetSchema, fields: Iterable[str] | None) -> list[FieldSpec]:

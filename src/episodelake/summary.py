@@ -31,7 +31,7 @@ import numpy as np
 
 from .episode import EpisodeBatch
 from .schema import DatasetSchema, FieldSpec
-from .stats import STAT_PARTS, episode_stats, has_stats, merge_stats
+from .stats import STAT_PARTS, episode_stats, has_stats, merge_stats, return_field
 
 WINDOW_BYTES = 1 << 18  # source bytes reduced per NumPy call: the float64 copy stays in the CPU cache
 TASK_BYTES = 1 << 22  # source bytes per task handed to the pool
@@ -184,9 +184,9 @@ def _merge_pieces(
 
 @np.errstate(invalid="ignore", over="ignore")
 def _returns(schema: DatasetSchema, batch: EpisodeBatch) -> np.ndarray | None:
-    """Per-episode sums of the reward, under :func:`stats.episode_return`'s rule (one scalar numeric field)."""
-    rewards = schema.role_fields("reward")
-    if len(rewards) != 1 or rewards[0].np_dtype.kind not in "biuf" or rewards[0].shape != ():
+    """Per-episode sums of the reward field of :func:`stats.return_field` (None: the schema has no return)."""
+    f = return_field(schema)
+    if f is None:
         return None
-    values = batch.data[rewards[0].key].astype(np.float64)
-    return np.add.reduceat(values, batch.row_starts(rewards[0])[:-1])
+    # every episode has at least one step, so no two starts coincide (reduceat's empty-range rule)
+    return np.add.reduceat(batch.data[f.key].astype(np.float64), batch.row_starts(f)[:-1])
