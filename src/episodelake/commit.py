@@ -75,13 +75,13 @@ def _nested(stored: np.ndarray, null: np.ndarray | None = None) -> pa.Array:
     return arr
 
 
-def _step_column(f: FieldSpec, values: np.ndarray, starts: np.ndarray, typ: pa.DataType) -> pa.Array:
+def step_column(f: FieldSpec, values: np.ndarray, starts: np.ndarray, typ: pa.DataType) -> pa.Array:
     """A table per-step column: one list of rows per episode (episode ``i``: rows ``starts[i]:starts[i+1]``)."""
     rows = _nested(to_storage(values, f.np_dtype))
     return pa.ListArray.from_arrays(pa.array(starts.astype(np.int32)), rows).cast(typ)
 
 
-def _meta_column(f: FieldSpec, values: np.ndarray, valid: np.ndarray, typ: pa.DataType) -> pa.Array:
+def meta_column(f: FieldSpec, values: np.ndarray, valid: np.ndarray, typ: pa.DataType) -> pa.Array:
     """A meta column: one value per episode, NULL where not ``valid``."""
     if f.np_dtype.kind == "U":
         return pa.array(values, pa.string(), mask=~valid)
@@ -123,13 +123,13 @@ def build_rows(
     }
     for f in schema.meta_fields:
         values, valid = batch.meta[f.name]
-        cols[f.key] = _meta_column(f, values, valid, target.field(f.key).type)
+        cols[f.key] = meta_column(f, values, valid, target.field(f.key).type)
     for f in schema.step_fields:
         if f.in_tensor:
             cols[f"ref/{f.key}"] = pa.array(refs[f.key], pa.int64())
             cols[f"crc/{f.key}"] = pa.array(summary.crc[f.key], pa.int64())
         else:
-            cols[f.key] = _step_column(f, batch.data[f.key], batch.row_starts(f), target.field(f.key).type)
+            cols[f.key] = step_column(f, batch.data[f.key], batch.row_starts(f), target.field(f.key).type)
         if has_stats(f):
             cols.update(_stat_columns(f, summary.stats[f.key], target))
     return pa.table(cols, schema=target)

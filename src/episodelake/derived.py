@@ -45,7 +45,7 @@ from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundErr
 
 from . import layout
 from .checks import check_values, meta_value
-from .commit import _meta_column, _step_column
+from .commit import meta_column, step_column
 from .episode import rows_for
 from .errors import ArgumentError, CommitConflictError, SchemaError, ValidationError
 from .location import Location
@@ -154,7 +154,7 @@ def encode(f: FieldSpec, values: Any, lengths: np.ndarray, ids: np.ndarray) -> p
             stacked = np.zeros((n, *f.shape), f.np_dtype)
             if valid.any():
                 stacked[valid] = np.stack([v for v in checked if v is not None])
-        return _meta_column(f, stacked, valid, f.arrow_type())
+        return meta_column(f, stacked, valid, f.arrow_type())
     rows = np.array([rows_for(f, int(t)) for t in lengths], dtype=np.int64)
     starts = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
     total = int(starts[-1])
@@ -165,7 +165,7 @@ def encode(f: FieldSpec, values: Any, lengths: np.ndarray, ids: np.ndarray) -> p
         where = [f"update of episode {int(i)}" for i in ids]
         pieces = [check_values(f, v, (int(r),), w) for v, r, w in zip(items, rows, where, strict=True)]
         block = np.concatenate(pieces) if pieces else np.zeros((0, *f.shape), f.np_dtype)
-    return _step_column(f, block, starts, f.arrow_type())
+    return step_column(f, block, starts, f.arrow_type())
 
 
 def _per_episode(f: FieldSpec, values: Any, n: int) -> list[Any]:
