@@ -15,6 +15,8 @@ import pytest
 
 import episodelake as el
 
+from .pipeline import actor_into_learner
+
 SCRIPTS = Path(__file__).parent / "scripts"
 CLI = str(Path(sys.executable).parent / "episodelake")
 
@@ -146,27 +148,7 @@ def test_ddp_two_epochs_rank_equal_and_exact_resume(world, tmp_path):
 
 def test_online_actor_and_learner(tmp_path):
     """Journey 4: the learner sees every committed episode, each complete, while the actor records."""
-    actor = subprocess.Popen(
-        [sys.executable, str(SCRIPTS / "online_actor.py"), "ds", "30"], cwd=tmp_path, stdout=subprocess.PIPE
-    )
-    learner = subprocess.Popen(
-        [sys.executable, str(SCRIPTS / "online_learner.py"), "ds"],
-        cwd=tmp_path,
-        stdin=actor.stdout,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    actor.stdout.close()  # the learner holds the pipe's only reader
-    try:
-        out, err = learner.communicate(timeout=120)
-        assert actor.wait(timeout=60) == 0
-    finally:
-        for proc in (actor, learner):
-            if proc.poll() is None:
-                proc.kill()
-    assert learner.returncode == 0, err
-    result = json.loads(out)
+    result = actor_into_learner(tmp_path, ["online_actor.py", "ds", "30"], ["online_learner.py", "ds"], timeout=120)
     assert result["episodes"] == result["verified"] == 30
     assert result["batches"] > 0 and result["refreshes"] > 1
     assert len(el.Dataset.open(str(tmp_path / "ds"))) == 30

@@ -6,16 +6,12 @@ model of what the actor says it committed (computed here, independently).
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import numpy as np
 
 import episodelake as el
 
-SCRIPTS = Path(__file__).parent / "scripts"
+from .pipeline import actor_into_learner
+
 STEPS, EPISODES = 120, 12  # the actor's capacity
 
 
@@ -31,29 +27,9 @@ def fifo_model(committed: list[list[tuple[int, int]]]) -> list[int]:
 
 def test_actor_with_eviction_and_prioritized_learner(tmp_path):
     n = 60
-    actor = subprocess.Popen(
-        [sys.executable, str(SCRIPTS / "replay_actor.py"), "ds", str(n), "committed.txt"],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
+    result = actor_into_learner(
+        tmp_path, ["replay_actor.py", "ds", str(n), "committed.txt"], ["replay_learner.py", "ds"], timeout=180
     )
-    learner = subprocess.Popen(
-        [sys.executable, str(SCRIPTS / "replay_learner.py"), "ds"],
-        cwd=tmp_path,
-        stdin=actor.stdout,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    actor.stdout.close()  # the learner holds the pipe's only reader
-    try:
-        out, err = learner.communicate(timeout=180)
-        assert actor.wait(timeout=60) == 0
-    finally:
-        for proc in (actor, learner):
-            if proc.poll() is None:
-                proc.kill()
-    assert learner.returncode == 0, err
-    result = json.loads(out)
     assert result["batches"] > 0 and result["new_versions"] >= 1  # the learner's stream took in new commits
 
     # what the actor committed: one line per commit, ``k:length`` per episode
