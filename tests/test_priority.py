@@ -233,6 +233,30 @@ def test_stream_priority_from_an_array_and_zero_is_never_drawn():
     assert set(seen.tolist()) == {int(ids[0]), int(ids[2])}
 
 
+def test_priority_from_derived_columns_per_episode_and_per_step():
+    """A derived per-episode column (set by update) and a derived per-step column drive the draws (chi-square)."""
+    lengths = (6, 9, 4, 12)
+    ds, _ = make_dataset(lengths)
+    ds.add_column(
+        el.FieldSpec("td", (), "float64", role="meta"), el.FieldSpec("td", (), "float32", role="extra", derived=True)
+    )
+    per_episode = np.array([2.0, 0.0, 1.0, 4.0])
+    per_step = [np.arange(T, dtype=np.float32) % 3 + 0.5 for T in lengths]
+    ds.update({"td": per_episode, "extra/td": per_step})
+    L = 1
+    where, keys = segments_of(ds, lengths, L)
+    for priority, raw in (("td", np.repeat(per_episode, lengths)), ("extra/td", np.concatenate(per_step))):
+        stream = ds.segment_stream(sequence_length=L, batch_size=512, seed=4, priority=priority, alpha=ALPHA)
+        counts = np.zeros(len(keys))
+        for _ in range(100):
+            b = stream.sample()
+            np.add.at(counts, [where[(int(e), int(s))] for e, s in zip(b.episode_id, b.start, strict=True)], 1)
+        raw = raw.astype(np.float64)
+        P = raw**ALPHA / (raw**ALPHA).sum()
+        assert counts[P == 0].sum() == 0
+        assert chi_square(counts[P > 0], P[P > 0] / P[P > 0].sum()) > P_MIN
+
+
 def test_sharded_prioritized_streams_draw_their_own_share():
     ds, _ = make_dataset()
     starts = []

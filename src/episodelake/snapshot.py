@@ -83,7 +83,8 @@ class LazyIndex(Mapping[str, np.ndarray]):
         self._snap = snap
         self._names = names
         self._cols: dict[str, np.ndarray] = {}
-        self._lock = threading.Lock()
+        # re-entrant: loading a derived column looks up episode positions through this index
+        self._lock = threading.RLock()
 
     def __getitem__(self, name: str) -> np.ndarray:
         if name not in self._names:
@@ -110,7 +111,7 @@ class LazyIndex(Mapping[str, np.ndarray]):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
 
 
 @dataclass(frozen=True)
