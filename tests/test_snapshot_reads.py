@@ -13,6 +13,7 @@ import pyarrow.fs as pafs
 import pytest
 
 import episodelake as el
+from episodelake.snapshot import Snapshot
 
 from .conftest import build_robot_dataset, robot_schema
 from .reference import random_episode
@@ -84,16 +85,22 @@ def test_small_per_step_fields_load_lazily_once_each(partitioned):
     np.testing.assert_array_equal(ds.episode(len(raws) - 1).read().data["observation/state"], raws[-1].obs["state"])
 
 
-def test_stats_read_only_the_files_holding_the_collection(partitioned):
-    path, raws = partitioned
-    ds = el.Dataset.open(path)
+def counted_snapshot(ds: el.Dataset) -> tuple[OpenCounter, Snapshot]:
+    """``ds``'s snapshot reading the same table files through a filesystem that records every open."""
     fs = OpenCounter(skip_instance_cache=True)
     fs.opened = []
     table = ds._store.table
     snap = ds.snapshot()
-    snap._dataset = table.dt.to_pyarrow_dataset(  # the same files, on a filesystem that counts opens
+    snap._dataset = table.dt.to_pyarrow_dataset(
         filesystem=pafs.SubTreeFileSystem(table.loc.delta_uri(), pafs.PyFileSystem(pafs.FSSpecHandler(fs)))
     )
+    return fs, snap
+
+
+def test_stats_read_only_the_files_holding_the_collection(partitioned):
+    path, raws = partitioned
+    ds = el.Dataset.open(path)
+    fs, _ = counted_snapshot(ds)
     files = fsspec.filesystem("file").glob(f"{path}/episodes/**/*.parquet")
     pick_files = sorted(f for f in files if "task=pick" in f)
     assert 0 < len(pick_files) < len(files)
@@ -137,13 +144,7 @@ def test_a_newer_snapshot_reads_only_the_files_added_since(tmp_path):
     ds.flush()
     added = sorted(set(fsspec.filesystem("file").glob(f"{path}/episodes/**/*.parquet")) - before)
     assert added
-    fs = OpenCounter(skip_instance_cache=True)
-    fs.opened = []
-    table = ds._store.table
-    snap = ds.snapshot()
-    snap._dataset = table.dt.to_pyarrow_dataset(  # the same files, on a filesystem that counts opens
-        filesystem=pafs.SubTreeFileSystem(table.loc.delta_uri(), pafs.PyFileSystem(pafs.FSSpecHandler(fs)))
-    )
+    fs, snap = counted_snapshot(ds)
     everything = raws + more
     view = ds.where("task = ? AND success", ["pick"])
     assert sorted(set(fs.opened)) == added  # the new snapshot read only the new files
