@@ -52,6 +52,13 @@ class Location:
     storage_options: dict[str, Any] = field(default_factory=dict)
     ephemeral: bool = False
 
+    def __repr__(self) -> str:
+        # storage_options hold credentials: a repr (logs, tracebacks, notebooks) shows them redacted
+        return (
+            f"Location(url={self.url!r}, protocol={self.protocol!r}, path={self.path!r}, "
+            f"storage_options={redact(self.storage_options)!r}, ephemeral={self.ephemeral!r})"
+        )
+
     @property
     def is_local(self) -> bool:
         return self.protocol == "file"
@@ -128,6 +135,41 @@ class Location:
         else:  # object stores replace whole objects atomically
             with self.fs.open(target, "w") as fh:
                 fh.write(text)
+
+
+# storage option names whose values are credentials (s3fs, gcsfs, adlfs, botocore and deltalake spellings)
+SECRET_WORDS = ("key", "secret", "token", "password", "credential", "sas", "auth")
+REDACTED = "***"
+
+
+def redact(options: Any) -> Any:
+    """``options`` with every credential value replaced by ``"***"`` (nested mappings and lists too).
+
+    A value is a credential when its option name contains one of
+    :data:`SECRET_WORDS` (``key``, ``secret``, ``token``, ...), whatever its
+    case; endpoints, regions and flags stay readable.
+    """
+    if isinstance(options, dict):
+        return {
+            k: REDACTED if _is_secret_name(k) and v not in (None, "", False) else redact(v) for k, v in options.items()
+        }
+    if isinstance(options, list | tuple):
+        return type(options)(redact(v) for v in options)
+    return options
+
+
+def _is_secret_name(name: Any) -> bool:
+    lowered = str(name).lower()
+    return any(word in lowered for word in SECRET_WORDS)
+
+
+def public_url(url: str) -> str:
+    """``url`` without any ``user:password@`` part (what a state, log line or error may name)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    authority, slash, tail = rest.partition("/")
+    return f"{scheme}://{authority.rpartition('@')[2]}{slash}{tail}"
 
 
 def _endpoint(opts: dict[str, Any]) -> str | None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import json
 import queue
 import threading
 import weakref
@@ -30,6 +31,7 @@ import numpy as np
 from .batch import SegmentBatch
 from .batching import WindowReader, reader_for
 from .errors import ArgumentError, StreamStoppedError
+from .location import public_url
 from .priority import bind, prioritized_sampler
 from .samplers import PrioritizedSampler, Sampler, StatefulSampler, UniformSampler, WeightedSampler
 from .segment_index import SegmentIndex, check_positive, check_seed
@@ -453,6 +455,7 @@ class SegmentStream:
             raise ArgumentError("weights apply to the default with-replacement sampler only")
         if weights is not None and priority is not None:
             raise ArgumentError("give weights= or priority=, not both")
+        given_sampler = sampler
         per = prioritized_sampler(sampler, priority, alpha, beta, None)
         if per is not None and not (shuffle and replacement):
             raise ArgumentError("priority applies to sampling with replacement only (shuffle=True, replacement=True)")
@@ -527,6 +530,29 @@ class SegmentStream:
         if follow and self._planner.finite:
             raise ArgumentError("follow=True applies to streams with replacement (shuffle=True, replacement=True)")
         self.follow = follow
+        self._arguments = {
+            "sequence_length": None if C is not None else L,
+            "context_length": C,
+            "target_length": None if C is None else L - C,
+            "batch_size": self.batch_size,
+            "seed": int(seed),
+            "shuffle": bool(shuffle),
+            "replacement": bool(replacement),
+            "pad": pad,
+            "stride": stride,
+            "where": where,
+            "filter": _described(filter),
+            "weights": _described(weights),
+            "sampler": _described(given_sampler),
+            "priority": _described(priority),
+            "alpha": alpha,
+            "beta": beta,
+            "shard": [self.index.rank, self.index.world],
+            "shard_policy": shard_policy,
+            "drop_last": bool(drop_last),
+            "prefetch": prefetch,
+            "follow": follow,
+        }
 
     @property
     def finite(self) -> bool:
@@ -664,7 +690,31 @@ class SegmentStream:
         state["version"] = self.version
         if self.prioritized:
             state.update(cast(PrioritizedSampler, self._planner.sampler).priority_state())
+        state["lineage"] = self.lineage()
         return state
+
+    def lineage(self) -> dict[str, Any]:
+        """What rebuilds this stream on any node (``el.stream_from_state``): plain JSON values, never credentials.
+
+        ``url`` (the dataset root, no storage options), ``version`` (the
+        table version drawn from), ``selection`` (the ``where``/
+        ``select_episodes`` steps that made the view the stream reads, with
+        their params; ``[]`` for a whole dataset, None when unknown) and
+        ``stream`` (every ``segment_stream`` argument, the seed actually
+        used, the shard). A callable, array or custom sampler argument that
+        cannot travel as JSON is recorded as ``{"given": <kind>}`` and must
+        be passed again when rebuilding.
+        """
+        collection = self._source.collection
+        origin = getattr(collection, "_origin", None)
+        location = getattr(origin, "location", None)
+        selection = getattr(collection, "_selection", None)
+        return {
+            "url": None if location is None else public_url(location.url),
+            "version": self.version,
+            "selection": None if selection is None or not _is_json(selection) else [dict(s) for s in selection],
+            "stream": dict(self._arguments),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue exactly after the batch ``state`` was taken at (ArgumentError if it does not fit).
@@ -705,6 +755,25 @@ class SegmentStream:
             f"SegmentStream({len(self.index)} segments of {self.sequence_length}, batch_size={self.batch_size}, "
             f"mode={self._planner.mode}, shard=({self.index.rank}, {self.index.world}))"
         )
+
+
+def _described(value: Any) -> Any:
+    """``value`` if it travels as JSON (None, a number, an SQL string, a field key); else ``{"given": <kind>}``."""
+    if isinstance(value, np.ndarray | list | tuple):  # per-episode values: as long as the dataset, never copied
+        return {"given": "array", "fingerprint": fingerprint(np.asarray(value, np.float64))}
+    if value is None or _is_json(value):
+        return value
+    if callable(value) and not hasattr(value, "sample"):
+        return {"given": "callable " + getattr(value, "__qualname__", type(value).__name__)}
+    return {"given": type(value).__qualname__}
+
+
+def _is_json(value: Any) -> bool:
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 class _Source:
