@@ -1,25 +1,38 @@
-"""Sampling throughput from a local S3 server (SeaweedFS) vs local disk, with and without the chunk cache.
+"""Sampling throughput from a local S3 server (SeaweedFS) vs local disk: the server's ceiling, latency, disk cache.
 
 One run builds one dataset (uint8 camera [3, 64, 64] as a tensor field + small
 state/action/reward), writes it to local disk, copies it to S3 with
-``copy_to`` (timed too) and then draws the same segment_stream batches
-(``batch_size`` x ``sequence_length`` transitions) from:
+``copy_to`` (timed too) and then draws ``segment_stream`` batches
+(``batch_size`` x ``sequence_length`` transitions, default prefetch) from:
 
-* local disk, without and with the cache (warm);
-* S3, no cache (every read: a shard-index GET + a chunk GET);
-* S3 with ``cache_bytes`` (TensorStore's in-memory chunk cache): first pass
-  (cold, fills it) and a second pass over the same batches (warm).
+* local disk (memory-mapped chunk files);
+* the server's bare ranged-GET ceiling: random segment-sized byte ranges
+  (``sequence_length + 1`` camera rows) of the dataset's shard objects read
+  with ``KvStore.read(byte_range=...)``, 64 in flight;
+* S3 without a cache, straight to the server, through the latency proxy
+  (``tests/latency_proxy.py``) adding nothing, and adding 30 ms per request
+  (ceiling too);
+* S3 with the disk cache (``cache_dir``): cold (empty cache) and warm (the
+  same batches again, in a fresh ``Dataset``);
+* 2 processes sharing one cold disk cache, sampling the same batches at the
+  same time, then a third process afterwards (it should download nothing).
 
-Prints segments/s and the ratio to local disk, plus TensorStore's S3 request
-counts per configuration. ``--quick`` shrinks everything.
+The configurations are measured in interleaved rounds (``--rounds``) and the
+median run of each is printed, so load from other processes on the machine
+hits them alike. Prints segments/s, ratios, requests per batch and bytes read
+per byte used. ``--quick`` shrinks everything; ``--prefetch`` sets how many
+batches ``segment_stream`` builds at once.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -27,9 +40,15 @@ import tensorstore as ts
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from tests.latency_proxy import LatencyProxy
 from tests.s3server import S3Server
 
 import episodelake as el
+from episodelake import fetch
+from episodelake.location import resolve
+
+BATCH, SEQ = 32, 16
+ROW_BYTES = 3 * 64 * 64
 
 
 def schema() -> el.DatasetSchema:
@@ -56,67 +75,164 @@ def episodes(n: int, length: int, seed: int = 0):
         }
 
 
-def s3_requests() -> int:
-    for m in ts.experimental_collect_matching_metrics("/tensorstore/kvstore/s3/read"):
-        if m["name"].endswith("/read") and m["values"]:
-            return int(m["values"][0]["value"])
-    return 0
+PREFETCH = 2  # segment_stream's default; --prefetch sets it
 
 
-def sample(ds: el.Dataset, batches: int, batch_size: int, seq: int) -> tuple[float, int]:
-    """Segments/s over ``batches`` batches (after one warm-up batch) and the S3 GETs they issued."""
-    stream = iter(ds.segment_stream(batch_size=batch_size, sequence_length=seq, seed=1))
+def sample(ds: el.Dataset, batches: int, seed: int = 1) -> dict[str, float]:
+    """Segments/s over ``batches`` batches (after one warm-up batch), with the fetcher's requests and bytes."""
+    stream = iter(ds.segment_stream(batch_size=BATCH, sequence_length=SEQ, seed=seed, prefetch=PREFETCH))
     next(stream)
-    before = s3_requests()
+    stats = fetch.fetcher(ds.location).stats
+    before = (stats.requests, stats.bytes)
     t0 = time.perf_counter()
     for _ in range(batches):
         batch = next(stream)
-        assert batch.obs.camera.shape[:2] == (batch_size, seq)
+        assert batch.obs.camera.shape[:2] == (BATCH, SEQ)
     dt = time.perf_counter() - t0
-    return batches * batch_size / dt, s3_requests() - before
+    stream.close()
+    requests, nbytes = stats.requests - before[0], stats.bytes - before[1]
+    used = batches * BATCH * (SEQ + 1) * ROW_BYTES
+    return {"rate": batches * BATCH / dt, "req": requests / batches, "ratio": nbytes / used, "bytes": nbytes}
+
+
+def ceiling(url: str, opts: dict, seconds: float, in_flight: int = 64) -> float:
+    """Segment-sized random ranged GETs per second, ``in_flight`` at once, over the dataset's shard objects."""
+    loc = resolve(url, opts)
+    kv = ts.KvStore.open(loc.kvstore(), context=ts.Context({"s3_request_concurrency": {"limit": 128}})).result()
+    keys = [k.decode() for k in kv.list().result() if b"/c/" in k and b"/camera/" in k]
+    sizes = {k: len(kv.read(k).result().value) for k in keys}
+    seg = (SEQ + 1) * ROW_BYTES
+    rng = np.random.default_rng(0)
+    pending: list = []
+    done, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        key = keys[rng.integers(len(keys))]
+        start = int(rng.integers(0, sizes[key] - seg))
+        pending.append(kv.read(key, byte_range=slice(start, start + seg)))
+        if len(pending) >= in_flight:
+            assert len(pending.pop(0).result().value) == seg
+            done += 1
+    for future in pending:
+        future.result()
+        done += 1
+    return done / (time.perf_counter() - t0)
+
+
+def worker(url: str, opts: dict, cache_dir: str, batches: int) -> None:
+    """One process of the shared-cache rows: sample, print rate and downloads as JSON."""
+    ds = el.Dataset.open(url, storage_options=opts, read_only=True, cache_dir=cache_dir)
+    out = sample(ds, batches)
+    stats = fetch.fetcher(ds.location).stats
+    print(json.dumps({**out, "requests": stats.requests, "total_bytes": stats.bytes}))
+
+
+def run_workers(n: int, url: str, opts: dict, cache_dir: str, batches: int, prefetch: int) -> list[dict]:
+    cmd = [sys.executable, __file__, "--worker", url, json.dumps(opts), cache_dir, str(batches), str(prefetch)]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE) for _ in range(n)]
+    outs = []
+    for proc in procs:
+        stdout, _ = proc.communicate()
+        assert proc.returncode == 0, proc.returncode
+        outs.append(json.loads(stdout.decode().strip().splitlines()[-1]))
+    return outs
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small dataset, few batches")
     ap.add_argument("--episodes", type=int, default=None)
+    ap.add_argument("--latency", type=float, default=0.03, help="seconds the proxy adds per request")
+    ap.add_argument("--rounds", type=int, default=None, help="interleaved rounds per configuration (median)")
+    ap.add_argument("--prefetch", type=int, default=2, help="segment_stream prefetch (batches built at once)")
+    ap.add_argument("--worker", nargs=5, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    global PREFETCH
+    PREFETCH = args.prefetch
+    if args.worker:
+        url, opts, cache_dir, batches, PREFETCH = *args.worker[:4], int(args.worker[4])
+        worker(url, json.loads(opts), cache_dir, int(batches))
+        return
     n_eps = args.episodes or (24 if args.quick else 120)
-    length, batch_size, seq = 200, 32, 16
-    batches = 10 if args.quick else 40
+    length = 200
+    batches = 15 if args.quick else 40
+    args.rounds = args.rounds or (3 if args.quick else 5)
     with tempfile.TemporaryDirectory(prefix="bench-s3-") as tmp, S3Server(Path(tmp) / "s3") as server:
         server.create_bucket("bench")
         opts = server.storage_options
+        url = "s3://bench/ds"
         t0 = time.perf_counter()
         local = el.Dataset.from_episodes(episodes(n_eps, length), f"{tmp}/local", schema=schema())
         t_write = time.perf_counter() - t0
-        nbytes = n_eps * (length + 1) * 3 * 64 * 64
+        nbytes = n_eps * (length + 1) * ROW_BYTES
         t0 = time.perf_counter()
-        local.copy_to("s3://bench/ds", opts, progress=False)
+        local.copy_to(url, opts, progress=False)
         t_copy = time.perf_counter() - t0
         print(f"dataset: {n_eps} episodes x {length} steps, camera {nbytes / 2**20:.0f} MiB")
         print(
             f"write to local disk: {nbytes / t_write / 2**20:.0f} MiB/s; copy_to S3 (+verify): "
             f"{nbytes / t_copy / 2**20:.0f} MiB/s"
         )
-        print(f"sampling: segment_stream batch_size={batch_size} sequence_length={seq}, {batches} batches\n")
+        print(f"sampling: segment_stream batch_size={BATCH} sequence_length={SEQ} prefetch={PREFETCH}, ", end="")
+        print(f"{batches} batches per run\n")
 
-        rows = []
-        disk, _ = sample(el.Dataset.open(f"{tmp}/local", read_only=True), batches, batch_size, seq)
-        rows.append(("local disk", disk, 0))
-        disk_cached = el.Dataset.open(f"{tmp}/local", read_only=True, cache_bytes=2 * nbytes)
-        sample(disk_cached, batches, batch_size, seq)
-        rows.append(("local disk + cache, warm", *sample(disk_cached, batches, batch_size, seq)))
-        s3 = el.Dataset.open("s3://bench/ds", storage_options=opts, read_only=True)
-        rows.append(("S3, no cache", *sample(s3, batches, batch_size, seq)))
-        cached = el.Dataset.open("s3://bench/ds", storage_options=opts, read_only=True, cache_bytes=2 * nbytes)
-        rows.append(("S3 + cache, cold", *sample(cached, batches, batch_size, seq)))
-        rows.append(("S3 + cache, warm", *sample(cached, batches, batch_size, seq)))
+        ms = f"+{args.latency * 1e3:.0f} ms"
+        seconds = 2.0 if args.quick else 5.0
+        with LatencyProxy(server.endpoint) as proxy0, LatencyProxy(server.endpoint, args.latency) as proxy30:
+            s3 = el.Dataset.open(url, storage_options=opts, read_only=True)
+            via0 = el.Dataset.open(url, storage_options=proxy0.storage_options(opts), read_only=True)
+            via30 = el.Dataset.open(url, storage_options=proxy30.storage_options(opts), read_only=True)
+            warm_ds = el.Dataset.open(url, storage_options=opts, read_only=True, cache_dir=f"{tmp}/warm")
+            sample(warm_ds, batches)  # fills the warm cache with the batches measured below
+            disk_ds = el.Dataset.open(f"{tmp}/local", read_only=True)
+            runs: dict[str, Callable[[int], dict[str, float]]] = {
+                "local disk": lambda r: sample(disk_ds, batches),
+                "S3 ranged-GET ceiling (64 in flight)": lambda r: point(ceiling(url, opts, seconds)),
+                "S3, no cache": lambda r: sample(s3, batches, seed=10 + r),
+                "S3 via proxy +0 ms": lambda r: sample(via0, batches, seed=20 + r),
+                f"ceiling via proxy {ms}": lambda r: point(ceiling(url, proxy30.storage_options(opts), seconds)),
+                f"S3 via proxy {ms}": lambda r: sample(via30, batches, seed=30 + r),
+                "S3 + disk cache, cold": lambda r: sample(
+                    el.Dataset.open(url, storage_options=opts, read_only=True, cache_dir=f"{tmp}/cold{r}"), batches
+                ),
+                "S3 + disk cache, warm": lambda r: sample(warm_ds, batches),
+            }
+            # rounds interleave the configurations, so load from other processes hits them alike; medians reported
+            results: dict[str, list[dict[str, float]]] = {name: [] for name in runs}
+            for r in range(args.rounds):
+                for name, run in runs.items():
+                    results[name].append(run(r))
+        rows = [(name, median(found)) for name, found in results.items()]
+        shared = run_workers(2, url, opts, f"{tmp}/shared", batches, PREFETCH)
+        rows += [(f"2 processes, 1 cold cache: #{i + 1}", out) for i, out in enumerate(shared)]
+        # no prefetch: it reads exactly the batches the two processes read (theirs may have built a few more)
+        after = run_workers(1, url, opts, f"{tmp}/shared", batches, 0)[0]
+        rows.append(("3rd process, same cache, prefetch=0", after))
 
-        print(f"{'source':<26}{'segments/s':>12}{'vs disk':>10}{'S3 GETs':>10}")
-        for name, rate, gets in rows:
-            print(f"{name:<26}{rate:>12.0f}{rate / disk:>10.2f}{gets:>10}")
-        print(f"\nS3 cache speed-up (warm vs no cache): {rows[4][1] / rows[2][1]:.1f}x")
+        get = dict(rows)
+        disk, top = get["local disk"]["rate"], get["S3 ranged-GET ceiling (64 in flight)"]["rate"]
+        print(f"median of {args.rounds} interleaved rounds (the process rows: one run)")
+        print(f"{'source':<38}{'segments/s':>11}{'vs disk':>9}{'vs ceiling':>11}{'req/batch':>10}{'read/used':>10}")
+        for name, row in rows:
+            print(
+                f"{name:<38}{row['rate']:>11.0f}{row['rate'] / disk:>9.3f}{row['rate'] / top:>11.2f}"
+                f"{row['req']:>10.1f}{row['ratio']:>10.2f}"
+            )
+        uncached, via0_rate = get["S3, no cache"]["rate"], get["S3 via proxy +0 ms"]["rate"]
+        slow = get[f"S3 via proxy {ms}"]["rate"]
+        print(f"\nS3 no cache / ceiling: {uncached / top:.2f}")
+        print(f"S3 {ms} / S3 no cache: {slow / uncached:.2f}; / S3 via proxy +0 ms: {slow / via0_rate:.2f}")
+        print(f"warm disk cache / local disk: {get['S3 + disk cache, warm']['rate'] / disk:.2f}")
+        print(f"3rd process downloaded {after['total_bytes']} bytes in {after['requests']} requests in all")
+
+
+def point(rate: float) -> dict[str, float]:
+    """A ceiling measurement as a row: one segment-sized GET per segment, every byte used."""
+    return {"rate": rate, "req": float(BATCH), "ratio": 1.0}
+
+
+def median(found: list[dict[str, float]]) -> dict[str, float]:
+    """The run with the median rate."""
+    return sorted(found, key=lambda row: row["rate"])[len(found) // 2]
 
 
 if __name__ == "__main__":

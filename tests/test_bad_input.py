@@ -224,6 +224,8 @@ CASES: list[tuple[str, Callable[[el.Dataset], object], type[Exception], str]] = 
     ("open missing dataset", lambda ds: el.Dataset.open(ds.location.url + "-missing"), el.DatasetNotFoundError, r"no episodelake dataset at .*-missing"),
     ("open unknown option", lambda ds: el.Dataset.open(ds.location.url, commit_every=3), el.ArgumentError, r"unknown option\(s\) \['commit_every'\]"),
     ("open unsupported URL", lambda ds: el.Dataset.open("ftp://host/x"), el.LocationError, r"unsupported location 'ftp://host/x'"),
+    ("open cache_bytes negative", lambda ds: el.Dataset.open(ds.location.url, cache_bytes=-1), el.ArgumentError, r"cache_bytes must be an int >= 0, got -1"),
+    ("open cache_dir not a path", lambda ds: el.Dataset.open(ds.location.url, cache_dir=3), el.ArgumentError, r"cache_dir must be a directory path, got 3"),
     # writes through read-only handles, maintenance arguments
     ("write read-only", lambda ds: el.Dataset.open(ds.location.url, read_only=True).new_episode(init_obs()), el.ReadOnlyError, r"read-only"),
     ("write past version", lambda ds: el.Dataset.open(ds.location.url, version=1).append_episodes([ep()]), el.ReadOnlyError, r"read-only"),
@@ -309,6 +311,19 @@ CASES: list[tuple[str, Callable[[el.Dataset], object], type[Exception], str]] = 
     ("copy bad compression", lambda ds: ds.copy_to(None, compression="lz4"), el.SchemaError, r"field 'camera': compression"),
     ("copy bad chunk_rows", lambda ds: ds.copy_to(None, chunk_rows=0), el.SchemaError, r"field 'camera': chunk_rows"),
     ("copy unknown field key", lambda ds: ds.copy_to(None, chunk_rows={"nope": 3}), el.ArgumentError, r"'nope'"),
+    # Ray Data sources (ray_data.py): checked before any Ray work starts
+    ("to_ray unknown column", lambda ds: ds.to_ray(columns=["nope"]), el.ArgumentError, r"columns: 'nope' is not an episode table column"),
+    ("to_ray not a tensor field", lambda ds: ds.to_ray(tensors=["observation/state"]), el.ArgumentError, r"tensors: 'observation/state' is not a tensor field"),
+    ("to_ray tensors one string", lambda ds: ds.to_ray(tensors="observation/camera"), el.ArgumentError, r"tensors must be a sequence of names"),
+    ("to_ray unknown version", lambda ds: ds.to_ray(version=99), el.ArgumentError, r"version 99 does not exist"),
+    ("to_ray concurrency 0", lambda ds: ds.to_ray(concurrency=0), el.ArgumentError, r"concurrency must be an int >= 1"),
+    ("to_ray where", lambda ds: ds.to_ray(where="nope = 1"), el.QueryError, r"predicate 'nope = 1'"),
+    ("view to_ray other version", lambda ds: first(ds).to_ray(version=0), el.ArgumentError, r"version: a view is pinned to version"),
+    ("segments_to_ray start past the pass", lambda ds: ds.segments_to_ray(sequence_length=2, batch_size=2, seed=0, start_batch=1000), el.ArgumentError, r"start_batch=1000 is past the pass's \d+ batches"),
+    ("segments_to_ray epoch", lambda ds: ds.segments_to_ray(sequence_length=2, batch_size=2, seed=0, epoch=-1), el.ArgumentError, r"epoch must be an int >= 0"),
+    ("segments_to_ray concurrency", lambda ds: ds.segments_to_ray(sequence_length=2, batch_size=2, seed=0, concurrency=0), el.ArgumentError, r"concurrency must be an int >= 1"),
+    ("segments_to_ray rank", lambda ds: ds.segments_to_ray(sequence_length=2, batch_size=2, seed=0, rank=3, world_size=2), el.ArgumentError, r"shard rank must be an int in \[0, 2\)"),
+    ("view segments_to_ray batch 0", lambda ds: first(ds).segments_to_ray(sequence_length=2, batch_size=0, seed=0), el.ArgumentError, r"batch_size must be a positive int"),
     # samplers: every argument of segments(), segment_stream() and sample_transitions()
     ("segments length 0", lambda ds: ds.segments(0), el.ArgumentError, r"sequence_length must be a positive int, got 0"),
     ("segments stride 0", lambda ds: ds.segments(2, stride=0), el.ArgumentError, r"stride must be a positive int, got 0"),
@@ -368,6 +383,21 @@ CASES: list[tuple[str, Callable[[el.Dataset], object], type[Exception], str]] = 
     # a learner that keeps up: follow=
     ("stream follow not bool", lambda ds: ds.segment_stream(sequence_length=2, follow=1), el.ArgumentError, r"follow must be a bool, got 1"),
     ("stream follow finite", lambda ds: ds.segment_stream(sequence_length=2, replacement=False, follow=True), el.ArgumentError, r"follow=True applies to streams with replacement"),
+    # lineage: ds.changes, state files, el.stream_from_state (lineage.py, changes.py)
+    ("changes negative version", lambda ds: ds.changes(-1), el.ArgumentError, r"since_version must be an int >= 0, got -1"),
+    ("changes future version", lambda ds: ds.changes(ds.version + 1), el.ArgumentError, r"since_version \d+ is after this dataset's version"),
+    ("save_state not a dict", lambda ds: el.save_state([1], os.devnull), el.ArgumentError, r"save_state: state must be a dict"),
+    ("load_state not JSON", lambda ds: el.load_state(ds._store.table.file_uris()[0]), el.ArgumentError, r"is not a JSON text file"),
+    ("stream_from_state no lineage", lambda ds: el.stream_from_state({"format": 2}), el.ArgumentError, r"state: no 'lineage'"),
+    ("stream_from_state filter missing", lambda ds: el.stream_from_state(ds.segment_stream(sequence_length=2, seed=0, filter=bool).state_dict()), el.ArgumentError, r"the stream had filter=callable bool; pass filter= again"),
+    # camera codecs and frame transforms (codecs.py, copy.py codecs=, transforms.py)
+    ("copy bad codec", lambda ds: ds.copy_to(None, codecs={"observation/camera": "gif"}), el.SchemaError, r"field 'camera': codec must be one of"),
+    ("copy codecs not a mapping", lambda ds: ds.copy_to(None, codecs="jpeg"), el.ArgumentError, r"codecs must map field keys"),
+    ("copy codecs unknown field", lambda ds: ds.copy_to(None, codecs={"nope": "jpeg"}), el.ArgumentError, r"codecs: \['nope'\] are not tensor fields"),
+    ("stream transform unknown field", lambda ds: ds.segment_stream(sequence_length=2, transform={"nope": el.FrameTransform()}), el.ArgumentError, r"transform: 'nope' is not a step field"),
+    ("stream transform crop outside", lambda ds: ds.segment_stream(sequence_length=2, transform={"observation/camera": el.FrameTransform(crop=(0, 0, 9, 1))}), el.ArgumentError, r"field 'observation/camera': crop \(0, 0, 9, 1\) does not fit frames of 8x8"),
+    ("segments transform not an image", lambda ds: ds.segments(2, transform={"observation/state": el.FrameTransform()}), el.ArgumentError, r"field 'observation/state': frames need a 3-D field"),
+    ("transitions transform bad resize", lambda ds: ds.sample_transitions(2, transform={"observation/camera": el.FrameTransform(resize=(0, 2))}), el.ArgumentError, r"field 'observation/camera': resize \(0, 2\) must be positive"),
 ]  # fmt: skip
 
 # Rejections the code does not make yet (areas no one is fixing now): each case fails until the bug is fixed.
@@ -410,7 +440,7 @@ def test_rejected_input_changes_nothing(populated, name, call, exc, pattern):
 # "Class.method(arg)"). Calls without parameters need no row; parameters listed in ANY_VALUE accept every value.
 COVERS: dict[str, list[str]] = {
     "Dataset.create": ["create over existing", "create partition by step field", "create with a non-schema", "create bad capacity"],
-    "Dataset.open": ["unknown version", "negative version", "version as str", "open missing dataset", "open unknown option", "open unsupported URL"],
+    "Dataset.open": ["unknown version", "negative version", "version as str", "open missing dataset", "open unknown option", "open unsupported URL", "open cache_bytes negative", "open cache_dir not a path"],
     "Dataset.from_episodes": ["from_episodes nothing"],
     "Dataset.new_episode": ["init missing field", "init unknown field", "init wrong shape", "init wrong dtype", "init out of range", "init infinity", "init not a dict", "meta unknown", "meta wrong type", "meta oversize string", "meta bool from str"],
     "Dataset.vector_writer": ["vector bad mode", "vector zero envs"],
@@ -431,6 +461,10 @@ COVERS: dict[str, list[str]] = {
     "Dataset.copy_to(dest)": ["copy onto itself"],
     "Dataset.copy_to(compression)": ["copy bad compression"],
     "Dataset.copy_to(chunk_rows)": ["copy bad chunk_rows", "copy unknown field key"],
+    "Dataset.to_ray": ["to_ray unknown column", "to_ray not a tensor field", "to_ray tensors one string", "to_ray unknown version", "to_ray concurrency 0", "to_ray where"],
+    "DatasetView.to_ray": ["view to_ray other version"],
+    "Dataset.segments_to_ray": ["segments_to_ray start past the pass", "segments_to_ray epoch", "segments_to_ray concurrency", "segments_to_ray rank"],
+    "DatasetView.segments_to_ray": ["view segments_to_ray batch 0"],
     "Dataset.compact": ["compact read-only"],
     "Dataset.vacuum": ["vacuum read-only", "vacuum negative retention"],
     "Dataset.delete": ["delete unknown id", "delete bad predicate", "delete ids and where", "delete read-only"],
@@ -503,6 +537,14 @@ COVERS: dict[str, list[str]] = {
     "sample_transitions(alpha)": ["transitions alpha with sampler"],
     "sample_transitions(beta)": ["transitions beta without priority"],
     "SegmentStream(follow)": ["stream follow not bool", "stream follow finite"],
+    "Dataset.changes": ["changes negative version", "changes future version"],
+    "save_state": ["save_state not a dict"],
+    "load_state": ["load_state not JSON"],
+    "stream_from_state": ["stream_from_state no lineage", "stream_from_state filter missing"],
+    "Dataset.copy_to(codecs)": ["copy bad codec", "copy codecs not a mapping", "copy codecs unknown field"],
+    "SegmentStream(transform)": ["stream transform unknown field", "stream transform crop outside"],
+    "SegmentDataset(transform)": ["segments transform not an image"],
+    "sample_transitions(transform)": ["transitions transform bad resize"],
 }  # fmt: skip
 
 ANY_VALUE = {

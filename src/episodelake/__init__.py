@@ -24,10 +24,12 @@ from .errors import (
     StreamStoppedError,
     ValidationError,
 )
+from .lineage import load_state, save_state, stream_from_state
 from .retention import Capacity
 from .samplers import PrioritizedSampler
 from .schema import DatasetSchema, FieldSpec, infer_schema, schema_from_gym_spaces
 from .segments import RoleView, Segment
+from .transforms import FrameTransform
 from .writer import EpisodeWriter, VectorEpisodeWriter
 
 __version__ = "0.1.0"
@@ -49,6 +51,7 @@ __all__ = [
     "EpisodeWriter",
     "FieldSpec",
     "ForkedProcessError",
+    "FrameTransform",
     "LocationError",
     "MissingDependencyError",
     "PrioritizedSampler",
@@ -62,5 +65,8 @@ __all__ = [
     "VectorEpisodeWriter",
     "concat",
     "infer_schema",
+    "load_state",
+    "save_state",
     "schema_from_gym_spaces",
+    "stream_from_state",
 ]

@@ -45,7 +45,15 @@ from .location import Location
 from .schema import FieldSpec
 from .segments import Segment, meta_fill
 from .snapshot import Snapshot
-from .tensors import COMMIT_SHIFT, ROW_MASK, PlainArray, TensorArray, array_parts, mappable_layout
+from .tensors import (
+    COMMIT_SHIFT,
+    ROW_MASK,
+    PlainArray,
+    TensorArray,
+    array_parts,
+    copy_runs_many,
+    mappable_layout,
+)
 
 MAX_MAPPED_CHUNKS = 8192  # bound on cached chunk mappings per array (vm.max_map_count is ~65k)
 
@@ -219,7 +227,12 @@ class TensorField:
             opened[a] = ChunkFiles.probe(snap.loc, writer, f) if local_single else None
         rest = [a for a, src in opened.items() if src is None]
         try:
-            for a, arr in zip(rest, snap.tensor_arrays(f, [self.arrays[a] for a in rest]), strict=True):
+            wanted = [self.arrays[a] for a in rest]
+            # object stores: the planned reader (batched, coalesced, cached byte ranges) in every process
+            found = (
+                PlainArray.open_many(snap.loc, wanted, f) if not snap.loc.is_local else snap.tensor_arrays(f, wanted)
+            )
+            for a, arr in zip(rest, found, strict=True):
                 opened[a] = arr
         except CorruptionError as exc:
             eid = int(snap.index["episode_id"][np.flatnonzero(np.isin(self.array_of, rest))[0]])
@@ -367,8 +380,14 @@ class WindowReader:
             strict=True,
         ):
             by_array.setdefault(a, []).append((d, s, n, e))
+        planned = []
         for a, runs in by_array.items():
-            sources[a].copy_runs(flat, runs)
+            source = sources[a]
+            if isinstance(source, PlainArray):
+                planned.append((source, runs))
+            else:
+                source.copy_runs(flat, runs)
+        copy_runs_many(planned, flat)  # every planned array's reads of the batch in flight together
 
     def segments(self, pos: np.ndarray, first: np.ndarray, length: int) -> Segment:
         """A batch (``time_axis=1``) of ``length`` transitions from ``first`` of episodes ``pos``.

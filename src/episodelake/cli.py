@@ -70,6 +70,7 @@ _IMPORT_OPTIONS = {
     "d4rl": {"strict"},
     "memmap-replay": {"strict", *_MEMMAP_ROLES},
     "episodata": set(),
+    "lerobot": set(),
 }
 
 
@@ -109,6 +110,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     collection = src.where(args.where) if args.where else src
     if args.format == "minari":
         exporters.to_minari(collection, args.dst, args.dataset_id, progress=False if args.quiet else None)
+    elif args.format == "lerobot":
+        from .lerobot_export import to_lerobot
+
+        to_lerobot(collection, args.dst, fps=args.fps, vcodec=args.vcodec, progress=False if args.quiet else None)
     elif args.format == "parquet":
         exporters.to_parquet(collection, args.dst)
     else:
@@ -314,6 +319,19 @@ def cmd_history(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_lineage(args: argparse.Namespace) -> int:
+    """What a saved stream state (``el.save_state``) was trained on and where it stands; no dataset is opened."""
+    from .lineage import describe, lineage_of, load_state
+
+    state = load_state(args.state)
+    if args.json:
+        keys = ("mode", "epoch", "consumed", "finished", "version")
+        _print_json({"lineage": lineage_of(state), "position": {k: state.get(k) for k in keys}})
+        return 0
+    print(describe(state))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="episodelake", description="A lakehouse for RL / robotics episodes.")
     parser.add_argument("--debug", action="store_true", help="on an error, raise it with its full traceback")
@@ -348,9 +366,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="replace a dataset that exists at DST")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
-    p = command("import", cmd_import, "import a Minari, D4RL, memmap-replay-buffer or episodata dataset")
-    p.add_argument("format", choices=["minari", "d4rl", "memmap-replay", "episodata"])
-    p.add_argument("src", help="source: Minari folder or id, D4RL .hdf5/.npz, replay-buffer folder, episodata path")
+    p = command("import", cmd_import, "import a Minari, D4RL, memmap-replay-buffer, episodata or LeRobot v3 dataset")
+    p.add_argument("format", choices=["minari", "d4rl", "memmap-replay", "episodata", "lerobot"])
+    p.add_argument(
+        "src", help="source: Minari folder or id, D4RL .hdf5/.npz, replay-buffer folder, episodata path, LeRobot folder"
+    )
     p.add_argument("dst", help="new episodelake dataset path or URL")
     options(p, of="DST")
     p.add_argument("--overwrite", action="store_true", help="replace a dataset that exists at DST")
@@ -365,14 +385,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--next-observations", help="memmap-replay: obs=next_obs pairs, comma-separated")
     p.add_argument("--extras", help="memmap-replay: extra per-step fields, comma-separated")
 
-    p = command("export", cmd_export, "export the episode table (parquet, arrow) or the dataset (minari)")
-    p.add_argument("format", choices=["parquet", "arrow", "minari"])
+    p = command("export", cmd_export, "export the episode table (parquet, arrow) or the dataset (minari, lerobot)")
+    p.add_argument("format", choices=["parquet", "arrow", "minari", "lerobot"])
     p.add_argument("src", help="episodelake dataset path or URL")
-    p.add_argument("dst", help="output file (parquet, arrow) or new Minari dataset folder")
+    p.add_argument("dst", help="output file (parquet, arrow) or new Minari / LeRobot dataset folder")
     options(p, of="SRC")
     p.add_argument("--version", type=int, default=None, help="export this table version (default: latest)")
     p.add_argument("--where", default=None, help="export only episodes matching this SQL predicate")
     p.add_argument("--dataset-id", default=None, help="minari: dataset id (default: <folder name>-v0)")
+    p.add_argument("--fps", type=int, default=None, help="lerobot: frames per second (default: the imported one)")
+    p.add_argument("--vcodec", choices=["libsvtav1", "h264"], default="libsvtav1", help="lerobot: video codec")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
     p = command("validate", cmd_validate, "audit a dataset: table files, log, lengths, flags, stats, tensor checksums")
@@ -427,6 +449,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("history", cmd_history, "the table's commit history (versions for --version / time travel)")
     dataset_args(p)
+
+    p = command("lineage", cmd_lineage, "what a saved stream state trains on: dataset, version, sampler, position")
+    p.add_argument("state", help="a state file written by el.save_state(stream.state_dict(), path)")
+    p.add_argument("--json", action="store_true", help="print the lineage and position as JSON")
 
     return parser
 

@@ -43,6 +43,7 @@ import pyarrow as pa
 
 from .episode import EpisodeBatch, FinishedEpisode, batch_of, concat_batches
 from .errors import EpisodeStateError, ReadOnlyError, ValidationError
+from .frames import FrameArray
 from .schema import DatasetSchema, FieldSpec, to_storage
 from .stats import STAT_PARTS, has_stats, stat_column
 from .store import Store
@@ -88,7 +89,7 @@ def meta_column(f: FieldSpec, values: np.ndarray, valid: np.ndarray, typ: pa.Dat
     return _nested(to_storage(values, f.np_dtype), ~valid).cast(typ)
 
 
-def _stat_columns(f: FieldSpec, parts: Mapping[str, np.ndarray], target: pa.Schema) -> dict[str, pa.Array]:
+def stat_columns(f: FieldSpec, parts: Mapping[str, np.ndarray], target: pa.Schema) -> dict[str, pa.Array]:
     """The ``stats/<key>/<part>`` columns from per-episode parts (``count`` [n], the others [n, channels])."""
     n = len(parts["count"])
     offsets = pa.array(np.arange(n + 1, dtype=np.int32) * f.stat_channels)
@@ -131,7 +132,7 @@ def build_rows(
         else:
             cols[f.key] = step_column(f, batch.data[f.key], batch.row_starts(f), target.field(f.key).type)
         if has_stats(f):
-            cols.update(_stat_columns(f, summary.stats[f.key], target))
+            cols.update(stat_columns(f, summary.stats[f.key], target))
     return pa.table(cols, schema=target)
 
 
@@ -248,7 +249,7 @@ class CommitSink:
         self.pending_count = 0  # episodes in ``pending``
         self.pending_bytes = 0
         self.first_pending_at: float | None = None
-        self.arrays: dict[str, TensorArray] = {}
+        self.arrays: dict[str, TensorArray | FrameArray] = {}
         self.awaiting: list[HeldEpisode] = []  # finished, held by their writer until required meta arrive
         self.pid = os.getpid()
         self.lock = threading.RLock()
@@ -310,7 +311,7 @@ class CommitSink:
             or (self.first_pending_at is not None and time.monotonic() - self.first_pending_at >= self.commit_seconds)
         )
 
-    def _array(self, f: FieldSpec) -> TensorArray:
+    def _array(self, f: FieldSpec) -> TensorArray | FrameArray:
         if f.key not in self.arrays:
             self.arrays[f.key] = self.store.new_array(self.name, f)
         return self.arrays[f.key]
@@ -391,6 +392,8 @@ class CommitSink:
         for f in self.schema.tensor_fields:
             block = batch.data[f.key]
             arr = self._array(f)
+            if isinstance(arr, FrameArray):  # checksums and statistics describe what reads return: decoded frames
+                block = batch.data[f.key] = arr.round_trip(block)
             base = arr.reserve(len(block))
             writes.append(arr.write(base, block))
             refs[f.key] = base + batch.row_starts(f)[:-1]

@@ -1,7 +1,8 @@
 """Copy a dataset or view to another location (memory, local disk, object storage), verified.
 
 :func:`copy_to` writes the episodes of the collection's snapshot into a new
-dataset at ``dest``, optionally with other tensor chunking or compression:
+dataset at ``dest``, optionally with other tensor chunking, compression or
+lossy codecs:
 
 * every table column is copied as stored (episode ids, ``created_at``, flags,
   meta, small per-step fields, statistics, CRC-32s), so the copy orders and
@@ -9,7 +10,8 @@ dataset at ``dest``, optionally with other tensor chunking or compression:
 * tensor rows are re-written through TensorStore into arrays under the same
   writer names (ids embed the writer number, so new writers at the
   destination can never collide with copied ids); only the row references
-  change;
+  change; a field re-encoded with a lossy codec (``codecs=``) gets its CRC-32s
+  and statistics recomputed on the decoded frames, as a write computes them;
 * tensors stream in batches of about ``batch_bytes``, one table commit per
   batch; the table rows of the copied episodes are held in memory.
 
@@ -32,12 +34,15 @@ import numpy as np
 import pyarrow as pa
 
 from . import derived
+from .commit import stat_columns
 from .episode import rows_for
 from .errors import ArgumentError, CorruptionError, LocationError
+from .frames import FrameArray
 from .location import Location
 from .progress import bar
 from .schema import DatasetSchema, FieldSpec
 from .snapshot import Snapshot
+from .stats import episode_stats, has_stats
 from .store import Store
 from .table import arrow_schema
 from .tensors import TensorArray
@@ -53,6 +58,7 @@ def copy_to(
     *,
     chunk_rows: int | Mapping[str, int] | None = KEEP,
     compression: str | Mapping[str, str | None] | None = KEEP,
+    codecs: Mapping[str, str | tuple[str, int] | None] = KEEP,
     overwrite: bool = False,
     progress: bool | None = None,
     verify: bool = True,
@@ -63,13 +69,16 @@ def copy_to(
     Returns the copy, opened afresh. ``chunk_rows`` / ``compression`` apply
     to every tensor field, or per field key when given as a mapping (``None``
     chunk_rows: the default ~1 MiB chunks; ``None`` compression: raw bytes).
+    ``codecs`` maps field keys to a lossy codec (``"jpeg"``, ``("webp", 80)``:
+    with its quality) or ``None`` (store the decoded frames losslessly);
+    a field given a lossy codec drops its ``compression``.
     ``progress``: a bar per episode (None: only on a terminal; see
     :mod:`progress`). Raises :class:`LocationError` when ``target`` is the
     source, :class:`CorruptionError` if verification finds a difference.
     """
     if target.url == source.location.url:
         raise LocationError(f"cannot copy {source.location.url} onto itself")
-    schema = _rechunked(snap.schema.base, chunk_rows, compression)
+    schema = _rechunked(snap.schema.base, chunk_rows, compression, codecs)
     out = Store.create(
         target,
         schema,
@@ -79,16 +88,26 @@ def copy_to(
     )
     positions = np.asarray(positions, dtype=np.int64)
     rows = _source_rows(snap, positions)
-    arrays: dict[tuple[str, str], TensorArray] = {}
+    arrays: dict[tuple[str, str], TensorArray | FrameArray] = {}
+    recomputed: list[pa.Table] = []  # per batch: the CRC-32 and statistics columns of lossy fields
     with bar(len(positions), f"copy to {target.url}", progress, unit="episode") as shown:
         for lo, hi in _batches(snap, positions, batch_bytes):
             batch = rows.slice(lo, hi - lo)
+            fresh: dict[str, pa.Array] = {}
             for f in schema.tensor_fields:
-                refs = _copy_tensor_rows(snap, out, f, positions[lo:hi], batch["writer"].to_pylist(), arrays)
+                refs, stored = _copy_tensor_rows(snap, out, f, positions[lo:hi], batch["writer"].to_pylist(), arrays)
                 batch = batch.set_column(batch.schema.get_field_index(f"ref/{f.key}"), f"ref/{f.key}", refs)
+                if f.lossy:
+                    fresh.update(_summary_columns(f, stored, arrow_schema(schema)))
+            for name, column in fresh.items():
+                batch = batch.set_column(batch.schema.get_field_index(name), name, column)
+            recomputed.append(pa.table(fresh) if fresh else pa.table({}))
             out.table.append(batch)
             out.committed()
             shown.update(hi - lo)
+    for name in recomputed[0].column_names if recomputed else []:
+        column = pa.concat_arrays([t[name].combine_chunks() for t in recomputed])
+        rows = rows.set_column(rows.schema.get_field_index(name), name, column)
     values = _copy_derived(snap, positions, out)
     copy = Store.open(target)
     if verify:
@@ -111,8 +130,8 @@ def _copy_derived(snap: Snapshot, positions: np.ndarray, out: Store) -> pa.Table
     return values
 
 
-def _rechunked(schema: DatasetSchema, chunk_rows: Any, compression: Any) -> DatasetSchema:
-    """``schema`` with tensor fields' chunk_rows/compression replaced where asked."""
+def _rechunked(schema: DatasetSchema, chunk_rows: Any, compression: Any, codecs: Any = KEEP) -> DatasetSchema:
+    """``schema`` with tensor fields' chunk_rows/compression/codec replaced where asked."""
 
     def pick(setting: Any, f: FieldSpec, current: Any) -> Any:
         if setting is KEEP:
@@ -122,18 +141,53 @@ def _rechunked(schema: DatasetSchema, chunk_rows: Any, compression: Any) -> Data
         return setting
 
     tensor_keys = {f.key for f in schema.tensor_fields}
-    for name, setting in (("chunk_rows", chunk_rows), ("compression", compression)):
+    if codecs is not KEEP and not isinstance(codecs, Mapping):
+        raise ArgumentError(f"codecs must map field keys to a codec, (codec, quality) or None, got {codecs!r}")
+    for name, setting in (("chunk_rows", chunk_rows), ("compression", compression), ("codecs", codecs)):
         unknown = sorted(set(setting) - tensor_keys) if isinstance(setting, Mapping) else []
         if unknown:
             raise ArgumentError(f"{name}: {unknown} are not tensor fields (tensor fields: {sorted(tensor_keys)})")
     fields = []
     for f in schema.fields:
         if f.in_tensor:
+            codec, quality = f.codec, f.quality
+            if codecs is not KEEP and f.key in codecs:
+                codec, quality = _codec_setting(f.key, codecs[f.key])
+            default = None if codec is not None and codec != f.codec else f.compression
+            # chunk_rows means rows per chunk, frames per shard or frames per GOP by codec: a new codec gets its own
+            rows = f.chunk_rows if codec == f.codec else None
             f = dataclasses.replace(
-                f, chunk_rows=pick(chunk_rows, f, f.chunk_rows), compression=pick(compression, f, f.compression)
+                f,
+                chunk_rows=pick(chunk_rows, f, rows),
+                compression=pick(compression, f, default),
+                codec=codec,
+                quality=quality,
+                storage="tensor" if f.codec is not None and codec is None else f.storage,
             )
         fields.append(f)
     return DatasetSchema(fields)
+
+
+def _codec_setting(key: str, value: Any) -> tuple[str | None, int | None]:
+    """``(codec, quality)`` of one ``codecs=`` entry."""
+    if value is None or isinstance(value, str):
+        return value, None
+    if isinstance(value, tuple) and len(value) == 2:
+        return value[0], value[1]
+    raise ArgumentError(f"codecs[{key!r}]: give a codec name, (codec, quality) or None, got {value!r}")
+
+
+def _summary_columns(f: FieldSpec, stored: Sequence[np.ndarray], target: pa.Schema) -> dict[str, pa.Array]:
+    """The ``crc/<key>`` and statistics columns of episodes whose rows of ``f`` are ``stored`` (decoded frames)."""
+    out = {f"crc/{f.key}": pa.array([zlib.crc32(np.ascontiguousarray(v).data) for v in stored], pa.int64())}
+    if has_stats(f):
+        per = [episode_stats(f, v) for v in stored]
+        channels = f.stat_channels
+        parts: dict[str, np.ndarray] = {"count": np.array([p["count"] for p in per], np.int64)}
+        for part in ("sum", "sumsq", "min", "max"):
+            parts[part] = np.stack([np.zeros(channels) if p[part] is None else p[part] for p in per])
+        out.update(stat_columns(f, parts, target))
+    return out
 
 
 def _source_rows(snap: Snapshot, positions: np.ndarray) -> pa.Table:
@@ -165,25 +219,36 @@ def _copy_tensor_rows(
     f: FieldSpec,
     positions: np.ndarray,
     writers: Sequence[str],
-    arrays: dict[tuple[str, str], TensorArray],
-) -> pa.Array:
-    """Append the episodes' rows of ``f`` to the destination's arrays; return their new refs."""
+    arrays: dict[tuple[str, str], TensorArray | FrameArray],
+) -> tuple[pa.Array, list[np.ndarray]]:
+    """Append the episodes' rows of ``f`` to the destination's arrays; return their new refs and stored rows.
+
+    The stored rows are what reads of the copy return: the source rows, or
+    their decoded frames when ``f`` is lossy at the destination.
+    """
     lengths = rows_for(f, snap.lengths[positions])
     values = snap.read_ranges(f, positions.tolist(), [0] * len(positions), lengths.tolist())
     refs = np.empty(len(positions), np.int64)
+    stored: list[np.ndarray] = list(values)
     futures = []
     for writer in dict.fromkeys(writers):
         mine = [i for i, w in enumerate(writers) if w == writer]
         key = (writer, f.key)
         if key not in arrays:
             arrays[key] = out.new_array(writer, f)
+        arr = arrays[key]
         lengths = np.array([len(values[i]) for i in mine], np.int64)
-        start, future = arrays[key].append_block(np.concatenate([values[i] for i in mine]))
+        block = np.concatenate([values[i] for i in mine])
+        if isinstance(arr, FrameArray):
+            block = arr.round_trip(block)
+            for i, piece in zip(mine, np.split(block, np.cumsum(lengths)[:-1]), strict=True):
+                stored[i] = piece
+        start, future = arr.append_block(block)
         refs[mine] = start + np.cumsum(lengths) - lengths
         futures.append(future)
     for future in futures:
         future.result()  # data before the commit that references it
-    return pa.array(refs, pa.int64())
+    return pa.array(refs, pa.int64()), stored
 
 
 def verify_copy(expected: pa.Table, snap: Snapshot, derived_values: pa.Table | None = None) -> None:

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from numpy.typing import ArrayLike
 
     from .batch import Transitions
+    from .changes import Changes
     from .maintenance import VacuumReport, ValidationReport
     from .samplers import Sampler
     from .segment_dataset import SegmentDataset
@@ -117,6 +118,8 @@ class EpisodeCollection:
     """Shared read API of Dataset and DatasetView over a snapshot and a position subset."""
 
     _positions: np.ndarray | None  # None: all episodes of the snapshot
+    # how the collection was chosen from its dataset (stream lineage): where/select_episodes steps; None: unknown
+    _selection: tuple[dict[str, Any], ...] | None = ()
 
     @property
     def schema(self) -> DatasetSchema:
@@ -203,13 +206,19 @@ class EpisodeCollection:
         """Episodes matching a SQL predicate over the ``episodes`` view; ``params`` binds its ``?``/``$name``."""
         from .query import where
 
-        return self._view(*where(self, predicate, params))
+        return self._chosen(self._view(*where(self, predicate, params)), "where", predicate, params)
 
     def select_episodes(self, query: str, params: Any = None) -> DatasetView:
         """Episodes whose ``episode_id`` a SQL query returns; ``params`` binds its ``?``/``$name``."""
         from .query import select_episodes
 
-        return self._view(*select_episodes(self, query, params))
+        return self._chosen(self._view(*select_episodes(self, query, params)), "select_episodes", query, params)
+
+    def _chosen(self, view: DatasetView, step: str, sql: str, params: Any) -> DatasetView:
+        """``view`` with its lineage: this collection's selection steps, then ``step`` (stream lineage)."""
+        if self._selection is not None:
+            view._selection = (*self._selection, {step: sql, "params": params})
+        return view
 
     def stats(self, fields: Iterable[str] | None = None) -> dict[str, Any]:
         """Mean/std/min/max per numeric field (and return/length), from the commit-time statistics."""
@@ -227,18 +236,23 @@ class EpisodeCollection:
         where: str | None = None,
         filter: Callable[[EpisodeRef], bool] | None = None,
         shard: Sequence[int] | None = None,
+        transform: Mapping[str, Any] | None = None,
     ) -> SegmentDataset:
         """Map-style dataset of fixed-length segments (PyTorch DataLoader ready).
 
         ``pad``: ``"suffix"``, ``"prefix"`` or None (skip short episodes);
         ``stride``: distance between segment starts; ``where`` (SQL predicate)
         and ``filter`` (callable on each :class:`EpisodeRef`) narrow the
-        episodes; ``shard=(rank, world_size)``: this rank's disjoint part.
+        episodes; ``shard=(rank, world_size)``: this rank's disjoint part;
+        ``transform``: per field key, a :class:`~episodelake.transforms.FrameTransform`
+        (crop/resize/normalize/layout on decode) or a callable on the batch array.
         See :class:`segment_dataset.SegmentDataset`.
         """
         from .segment_dataset import SegmentDataset
 
-        return SegmentDataset(self, sequence_length, pad=pad, stride=stride, where=where, filter=filter, shard=shard)
+        return SegmentDataset(
+            self, sequence_length, pad=pad, stride=stride, where=where, filter=filter, shard=shard, transform=transform
+        )
 
     def segment_stream(
         self,
@@ -264,6 +278,7 @@ class EpisodeCollection:
         alpha: float | None = None,
         beta: float | None = None,
         follow: bool = False,
+        transform: Mapping[str, Any] | None = None,
     ) -> SegmentStream:
         """The training stream of segment batches (``el.Batch``); every argument: :class:`stream.SegmentStream`.
 
@@ -272,7 +287,7 @@ class EpisodeCollection:
         ``shuffle=False`` make finite passes; ``priority=`` (``alpha``,
         ``beta``) prioritized replay, with ``stream.update_priorities``;
         ``follow=True`` takes in newly committed episodes before each batch
-        (``stream.refresh()``).
+        (``stream.refresh()``); ``transform=`` per field: see :meth:`segments`.
         """
         from .stream import SegmentStream
 
@@ -299,6 +314,7 @@ class EpisodeCollection:
             alpha=alpha,
             beta=beta,
             follow=follow,
+            transform=transform,
         )
 
     def sample_transitions(
@@ -318,6 +334,7 @@ class EpisodeCollection:
         priority: Any = None,
         alpha: float | None = None,
         beta: float | None = None,
+        transform: Mapping[str, Any] | None = None,
     ) -> Transitions:
         """``batch_size`` single transitions (time axis removed), uniform with replacement by default.
 
@@ -326,8 +343,8 @@ class EpisodeCollection:
         gives a reproducible sequence of calls, ``seed`` one deterministic call.
         ``weights``/``sampler``/``priority`` (``alpha``, ``beta``) choose the
         transitions as for ``segment_stream``; keep a ``PrioritizedSampler``
-        as ``sampler=`` to update priorities across calls.
-        See :func:`transitions.sample_transitions`.
+        as ``sampler=`` to update priorities across calls; ``transform=``
+        per field: see :meth:`segments`. See :func:`transitions.sample_transitions`.
         """
         from .transitions import sample_transitions
 
@@ -347,6 +364,7 @@ class EpisodeCollection:
             priority=priority,
             alpha=alpha,
             beta=beta,
+            transform=transform,
         )
 
     # ---- whole episodes (trajectories.py)
@@ -405,6 +423,7 @@ class EpisodeCollection:
         *,
         chunk_rows: int | Mapping[str, int] | None = KEEP,
         compression: str | Mapping[str, str | None] | None = KEEP,
+        codecs: Mapping[str, str | tuple[str, int] | None] = KEEP,
         overwrite: bool = False,
         progress: bool | None = None,
         verify: bool = True,
@@ -413,8 +432,9 @@ class EpisodeCollection:
         """Copy these episodes to ``dest`` (None: memory; disk or object storage), verified.
 
         ``chunk_rows``/``compression`` re-chunk or re-compress every tensor
-        field, or per field key as a mapping (omitted: as the source has it).
-        See :func:`copy.copy_to`.
+        field, or per field key as a mapping (omitted: as the source has it);
+        ``codecs`` re-encodes fields with lossy codecs (``{"observation/camera":
+        ("jpeg", 90)}``; ``None``: lossless). See :func:`copy.copy_to`.
         """
         from .copy import copy_to
 
@@ -425,12 +445,50 @@ class EpisodeCollection:
             resolve(dest, dict(storage_options or {})),
             chunk_rows=chunk_rows,
             compression=compression,
+            codecs=codecs,
             overwrite=overwrite,
             progress=progress,
             verify=verify,
             batch_bytes=batch_bytes,
         )
         return Dataset(copied)
+
+    # ---- Ray Data (ray_data.py)
+    def to_ray(
+        self,
+        where: str | None = None,
+        columns: Sequence[str] | None = None,
+        version: int | None = None,
+        tensors: Sequence[str] = (),
+        concurrency: int = 1,
+    ) -> Any:
+        """These episodes as a ``ray.data.Dataset``, one row per episode (see :func:`ray_data.episodes_to_ray`).
+
+        ``version`` reads that table version of a Dataset (None: the pinned
+        one; a view is pinned, so only its own version is accepted).
+        """
+        from .ray_data import episodes_to_ray
+
+        collection: EpisodeCollection = self
+        if version is not None and version != self.snapshot().version:
+            if self._positions is not None:
+                raise ArgumentError(f"version: a view is pinned to version {self.snapshot().version}, got {version}")
+            loc = self._origin.location
+            collection = Dataset.open(loc.url, version, storage_options=loc.storage_options, read_only=True)
+        return episodes_to_ray(collection, where, columns, tensors, concurrency)
+
+    def segments_to_ray(self, *, sequence_length: int, batch_size: int, seed: int, **options: Any) -> Any:
+        """Rank ``rank``'s segment batches of one pass as an ordered ``ray.data.Dataset``.
+
+        The same batches as :meth:`segment_stream` with ``replacement=False``
+        and ``shard=(rank, world_size)``; options ``rank``, ``world_size``,
+        ``epoch``, ``start_batch`` (resume after that many global batches),
+        ``shuffle``, ``pad``, ``stride``, ``where``, ``drop_last``,
+        ``shard_policy``, ``concurrency``: see :func:`ray_data.segments_to_ray`.
+        """
+        from .ray_data import segments_to_ray
+
+        return segments_to_ray(self, sequence_length=sequence_length, batch_size=batch_size, seed=seed, **options)
 
 
 class DatasetView(EpisodeCollection):
@@ -440,6 +498,7 @@ class DatasetView(EpisodeCollection):
         self.dataset = dataset
         self._snap = snap
         self._positions = np.asarray(positions, dtype=np.int64)
+        self._selection = None  # unknown until where()/select_episodes() record theirs
 
     @property
     def schema(self) -> DatasetSchema:
@@ -555,6 +614,7 @@ class Dataset(EpisodeCollection):
         read_only: bool = False,
         verify: bool = False,
         cache_bytes: int = 0,
+        cache_dir: str | os.PathLike[str] | None = None,
         commit_episodes: int = 64,
         commit_bytes: int = 256 << 20,
         commit_seconds: float = 30.0,
@@ -565,9 +625,11 @@ class Dataset(EpisodeCollection):
         ``read_only=True`` writes nothing, ever. ``verify=True`` checks each
         episode's tensor rows against their stored CRC-32 on first read
         (:class:`CorruptionError` on mismatch); ``validate()`` audits everything.
-        ``cache_bytes`` > 0 keeps up to that many bytes of decoded tensor chunks
+        ``cache_bytes`` > 0 keeps up to that many bytes of tensor chunks
         (and shard indexes) in memory, so repeated reads from object storage
-        issue no GET (see docs/object-storage.md). The commit_* options are
+        issue no GET (see docs/object-storage.md). ``cache_dir`` (object
+        stores) caches them on disk instead, shared by every process of the
+        node, bounded by ``cache_bytes`` (default 10 GiB). The commit_* options are
         :meth:`create`'s, for the episodes this object writes. Any other
         keyword raises :class:`ArgumentError`.
         """
@@ -578,8 +640,16 @@ class Dataset(EpisodeCollection):
             "commit_bytes": commit_bytes,
             "commit_seconds": commit_seconds,
         }
+        if isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int) or cache_bytes < 0:
+            raise ArgumentError(f"cache_bytes must be an int >= 0, got {cache_bytes!r}")
+        if cache_dir is not None and not isinstance(cache_dir, str | os.PathLike):
+            raise ArgumentError(f"cache_dir must be a directory path, got {cache_dir!r}")
         store = Store.open(
-            resolve(path, dict(storage_options or {})), version, read_only=read_only, cache_bytes=cache_bytes
+            resolve(path, dict(storage_options or {})),
+            version,
+            read_only=read_only,
+            cache_bytes=cache_bytes,
+            cache_dir=None if cache_dir is None else os.fspath(cache_dir),
         )
         ds = cls(store, writer_options=writer_options)
         ds.verify = verify
@@ -863,6 +933,19 @@ class Dataset(EpisodeCollection):
         """The table's commits, newest first (this object's finished episodes are committed first)."""
         self.snapshot()
         return self._store.table.history()
+
+    def changes(self, since_version: int) -> Changes:
+        """Episodes added, removed (deleted or evicted) and updated (derived columns) since ``since_version``.
+
+        Compares this object's version with ``since_version`` (typically the
+        ``version`` in a training run's stream state) through the table's
+        data files, reading only the files that differ; see :mod:`.changes`.
+        Returns sorted episode-id arrays ``added``, ``removed``, ``updated``.
+        """
+        from .changes import changes
+
+        self.snapshot()  # read-your-writes: this object's finished episodes are committed first
+        return changes(self._store, since_version)
 
     def compact(self) -> None:
         """Merge small table files and checkpoint the log."""

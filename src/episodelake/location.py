@@ -32,6 +32,7 @@ import fsspec
 import pyarrow.fs as pafs
 
 from . import layout
+from .diskcache import CacheConfig
 from .errors import LocationError
 
 SUPPORTED = ("local paths", "file://", "memory://", "s3://", "gs://")
@@ -51,6 +52,8 @@ class Location:
     path: str
     storage_options: dict[str, Any] = field(default_factory=dict)
     ephemeral: bool = False
+    # where reads of this dataset's immutable objects are cached (object stores; set by Store.open)
+    read_cache: CacheConfig | None = field(default=None, repr=False, compare=False)
 
     def __repr__(self) -> str:
         # storage_options hold credentials: a repr (logs, tracebacks, notebooks) shows them redacted

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from . import codecs
 from .errors import SchemaError
 
 ROLES = ("observation", "action", "reward", "extra", "meta")
@@ -57,6 +58,8 @@ RESERVED_COLUMNS = frozenset(
 )
 TABLE_STEP_LIMIT = 1024  # bytes per step under which "auto" stores a field in the table
 STRING_LIMIT = 4096  # longest accepted meta string, in bytes
+COMPRESSED_CHUNK_ROWS = 8  # most rows per compressed chunk by default: a segment decodes ~7 rows it does not need
+FRAMES_PER_SHARD = 64  # frames per shard file of a lossy field by default
 
 _NAME_PART = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
 _NUMERIC_KINDS = "biufc"
@@ -148,7 +151,20 @@ class FieldSpec:
         storage: ``"auto"`` (table up to 1 KiB per step), ``"table"`` or ``"tensor"``.
         finite: reject NaN and infinity on write.
         chunk_rows: rows per Zarr chunk for tensor fields (default: ~1 MiB chunks).
-        compression: ``None`` (raw bytes) or ``"zstd"`` for tensor fields.
+        compression: lossless compression of tensor fields: ``None`` (raw
+            bytes), ``"zstd"`` or Blosc ``"blosc-lz4"``, ``"blosc-zstd"``,
+            ``"blosc-lz4hc"``, each optionally suffixed ``-bitshuffle`` or
+            ``-noshuffle`` (default: byte shuffle); see :mod:`episodelake.codecs`.
+        codec: lossy image codec of a ``uint8`` ``HWC``/``CHW`` camera field:
+            ``"jpeg"``, ``"webp"`` or ``"avif"`` (one compressed image per
+            frame), or ``"video:h264"`` / ``"video:av1"`` (3-channel frames of
+            at least 8 x 8 pixels; one closed GOP per chunk of ``chunk_rows``
+            frames, default 16); implies tensor storage; no ``compression``
+            with it. Reads, checksums and statistics see the decoded frames.
+        quality: the codec's quality, 1..100 (default per codec: jpeg 90,
+            webp 90, avif 80, video:h264 60, video:av1 55; video maps it to
+            crf ``round((100 - quality) * max_crf / 99)``, max_crf 51 for
+            h264, 63 for av1); only with ``codec``.
         description: free text, kept in the descriptor.
         required: meta fields only. ``True``: every episode must have a value
             (not None) when it is handed over for commit, else
@@ -180,6 +196,8 @@ class FieldSpec:
     required: bool = False
     default: Any = field(default=None, hash=False)  # normalized to nested lists (unhashable)
     derived: bool = False
+    codec: str | None = None
+    quality: int | None = None
     np_dtype: np.dtype = field(init=False, repr=False, compare=False)
     default_value: np.ndarray | None = field(init=False, repr=False, compare=False)
 
@@ -207,8 +225,11 @@ class FieldSpec:
             raise SchemaError(f"meta field {self.name!r} cannot use tensor storage")
         if self.layout is not None and len(self.layout) != len(shape):
             raise SchemaError(f"field {self.name!r}: layout {self.layout!r} does not match shape {shape}")
-        if self.compression not in (None, "zstd"):
-            raise SchemaError(f"field {self.name!r}: compression must be None or 'zstd'")
+        try:
+            codecs.lossless_codecs(self.compression, 1)
+        except ValueError as exc:
+            raise SchemaError(f"field {self.name!r}: {exc}") from None
+        self._check_codec(role)
         if self.chunk_rows is not None and self.chunk_rows <= 0:
             raise SchemaError(f"field {self.name!r}: chunk_rows must be positive")
         if not isinstance(self.required, bool):
@@ -227,6 +248,27 @@ class FieldSpec:
         if value is not None:
             object.__setattr__(self, "default", value.tolist())
 
+    def _check_codec(self, role: str) -> None:
+        """Validate ``codec``/``quality`` and store the effective quality (so the descriptor records it)."""
+        if self.codec is None:
+            if self.quality is not None:
+                raise SchemaError(f"field {self.name!r}: quality is for a lossy codec (codec='jpeg', ...)")
+            return
+        if role == "meta" or self.derived or self.storage == "table":
+            raise SchemaError(f"field {self.name!r}: codec {self.codec!r} is for step fields stored as tensors")
+        if self.compression is not None:
+            raise SchemaError(f"field {self.name!r}: codec {self.codec!r} and compression cannot both be set")
+        try:
+            quality = codecs.check_lossy(self.codec, self.quality, self.shape, self.layout, self.np_dtype)
+        except ValueError as exc:
+            raise SchemaError(f"field {self.name!r}: {exc}") from None
+        object.__setattr__(self, "quality", quality)
+
+    @property
+    def lossy(self) -> bool:
+        """True when reads return decoded lossy frames (``codec`` set), not the written values."""
+        return self.codec is not None
+
     @property
     def key(self) -> str:
         """Stable key across roles: ``role`` when the name is the role, else ``role/name``."""
@@ -243,6 +285,8 @@ class FieldSpec:
         """True when the field lives in a Zarr tensor array rather than the table."""
         if self.role == "meta" or self.derived:
             return False
+        if self.codec is not None:
+            return True
         if self.storage == "auto":
             return self.step_bytes > TABLE_STEP_LIMIT
         return self.storage == "tensor"
@@ -263,9 +307,22 @@ class FieldSpec:
 
     @property
     def rows_per_chunk(self) -> int:
+        """Rows per stored chunk (image codecs: frames per shard file, each frame its own inner chunk; video
+        codecs: frames per inner chunk, one GOP).
+
+        Defaults: ~1 MiB of raw rows; compressed fields at most
+        :data:`COMPRESSED_CHUNK_ROWS` rows, so a random segment decodes few
+        rows it does not need; image codecs :data:`FRAMES_PER_SHARD` frames;
+        video codecs :data:`codecs.VIDEO_GOP` frames.
+        """
         if self.chunk_rows:
             return self.chunk_rows
-        return max(1, min(4096, (1 << 20) // max(1, self.step_bytes)))
+        if self.codec in codecs.VIDEO:
+            return codecs.VIDEO_GOP
+        if self.codec is not None:
+            return FRAMES_PER_SHARD
+        rows = max(1, min(4096, (1 << 20) // max(1, self.step_bytes)))
+        return min(rows, COMPRESSED_CHUNK_ROWS) if self.compression is not None else rows
 
     def arrow_type(self) -> pa.DataType:
         """Arrow type of this field's table column (list over time, then dims)."""
@@ -279,7 +336,7 @@ class FieldSpec:
         return typ if self.role == "meta" else pa.list_(typ)
 
     def to_json(self) -> dict[str, Any]:
-        """The descriptor form; ``required`` only when set, so 0.1.0 readers still open the dataset."""
+        """The descriptor form; ``required``/``codec`` only when set, so 0.1.0 readers still open the dataset."""
         return {
             "name": self.name,
             "shape": list(self.shape),
@@ -294,6 +351,7 @@ class FieldSpec:
             **({"required": True} if self.required else {}),
             **({"default": _default_to_json(self.default_value)} if self.default_value is not None else {}),
             **({"derived": True} if self.derived else {}),
+            **({"codec": self.codec, "quality": self.quality} if self.codec is not None else {}),
         }
 
     @classmethod

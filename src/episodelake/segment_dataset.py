@@ -8,7 +8,7 @@ batch into one planned read, and ``collate``; picklable, so it runs in
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -18,6 +18,7 @@ from .batching import reader_for
 from .segment_index import SegmentIndex
 from .segments import Segment
 from .selection import select
+from .transforms import Transform, apply_transforms, check_transforms
 
 
 class SegmentDataset:
@@ -36,6 +37,8 @@ class SegmentDataset:
         stride: distance between segment starts within an episode.
         where / filter: narrow the episodes (see :func:`~episodelake.selection.select`).
         shard: ``(rank, world_size)``: this rank's disjoint part of the segments.
+        transform: field key -> :class:`~episodelake.transforms.FrameTransform`
+            or a callable on the field's batch array, applied to each batch.
     """
 
     def __init__(
@@ -47,8 +50,10 @@ class SegmentDataset:
         where: str | None = None,
         filter: Callable[[Any], bool] | None = None,
         shard: Sequence[int] | None = None,
+        transform: Mapping[str, Transform] | None = None,
     ) -> None:
         snap, positions = select(collection, where, filter)
+        self.transforms = check_transforms(snap.schema, transform)
         self.index = SegmentIndex(positions, snap.lengths[positions], sequence_length, pad, stride, shard)
         self.sequence_length = self.index.sequence_length
         self.reader = reader_for(snap)
@@ -67,6 +72,7 @@ class SegmentDataset:
     def __getitems__(self, ids: Sequence[int]) -> SegmentBatch:
         k, first = self.index.locate(np.asarray(ids, dtype=np.int64))
         seg = self.reader.segments(self.index.positions[k], first, self.sequence_length)
+        apply_transforms(seg.data, self.reader.schema, self.transforms)
         return SegmentBatch.wrap(seg)
 
     collate = staticmethod(collate)

@@ -15,9 +15,11 @@ tells the subscribers (:meth:`Store.on_commit`) that the version moved.
 from __future__ import annotations
 
 import json
+import os
 import platform
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as pkg_version
@@ -28,6 +30,7 @@ import tensorstore as ts
 from deltalake.exceptions import DeltaError
 
 from . import layout
+from .diskcache import CacheConfig
 from .errors import (
     ArgumentError,
     CorruptionError,
@@ -36,6 +39,7 @@ from .errors import (
     ReadOnlyError,
     SchemaError,
 )
+from .frames import FrameArray
 from .location import Location
 from .retention import Capacity, Evictor
 from .schema import DatasetSchema, FieldSpec
@@ -43,6 +47,26 @@ from .table import EpisodeTable, arrow_schema, log_problems
 from .tensors import TensorArray, make_context
 
 FORMAT_VERSION = 1
+DEFAULT_DISK_CACHE_BYTES = 10 << 30  # bound of a disk cache opened without cache_bytes
+
+
+def read_cache(
+    location: Location, descriptor: Mapping[str, Any], cache_bytes: int, cache_dir: str | None
+) -> CacheConfig | None:
+    """Where reads of an object-store dataset's tensors are cached; None for local datasets and no cache.
+
+    ``cache_dir``: a disk cache shared by every process of the node, bounded by
+    ``cache_bytes`` (0: :data:`DEFAULT_DISK_CACHE_BYTES`); without it,
+    ``cache_bytes`` > 0 is a per-process memory cache. Entries are keyed by the
+    dataset's URL and creation stamp, so a dataset recreated at the same URL
+    never reads the old one's entries.
+    """
+    if location.is_local or (cache_dir is None and not cache_bytes):
+        return None
+    stamp = str(descriptor.get("created_at", ""))
+    if cache_dir is None:
+        return CacheConfig(None, cache_bytes, stamp)
+    return CacheConfig(os.path.abspath(os.fspath(cache_dir)), cache_bytes or DEFAULT_DISK_CACHE_BYTES, stamp)
 
 
 def _versions() -> dict[str, str]:
@@ -146,9 +170,19 @@ class Store:
 
     @classmethod
     def open(
-        cls, location: Location, version: int | None = None, *, read_only: bool = False, cache_bytes: int = 0
+        cls,
+        location: Location,
+        version: int | None = None,
+        *,
+        read_only: bool = False,
+        cache_bytes: int = 0,
+        cache_dir: str | None = None,
     ) -> Store:
         """Open the dataset at ``location``, at table ``version`` (None: the latest; else pinned and read-only).
+
+        Reads of an object store's tensors are cached (see :func:`read_cache`):
+        on disk under ``cache_dir`` (bounded by ``cache_bytes``, default
+        :data:`DEFAULT_DISK_CACHE_BYTES`), else in memory when ``cache_bytes`` > 0.
 
         Raises :class:`DatasetNotFoundError` without a valid descriptor,
         :class:`ArgumentError` for a bad or unknown version and
@@ -171,9 +205,12 @@ class Store:
         except DeltaError as exc:  # the log itself is damaged: name the entries that do not parse
             bad = "; ".join(f"{path}: {what}" for path, what in log_problems(location)) or "no unparseable entry found"
             raise CorruptionError(f"episode table log at {location.delta_uri()} cannot be read ({bad}): {exc}") from exc
-        return cls(
-            location, descriptor, table, read_only=read_only, pinned=version is not None, cache_bytes=cache_bytes
-        )
+        config = read_cache(location, descriptor, cache_bytes, cache_dir)
+        if config is not None:  # a copy: the caller's location (and its reads) stay uncached
+            location = replace(location, read_cache=config)
+        # a disk cache's bound is no memory budget: TensorStore's in-memory pool only without one
+        memory = cache_bytes if config is None or config.directory is None else 0
+        return cls(location, descriptor, table, read_only=read_only, pinned=version is not None, cache_bytes=memory)
 
     @property
     def version(self) -> int:
@@ -189,12 +226,18 @@ class Store:
         """Writers (8 hex digits) that have episodes in the pinned version."""
         return set(self.table.read(["writer"]).column("writer").to_pylist())
 
-    def new_array(self, writer: str, field: FieldSpec) -> TensorArray:
-        """The writing side of ``writer``'s rows of ``field`` (see :meth:`TensorArray.create`)."""
-        return TensorArray.create(self.location, writer, field, self.context, per_commit=self.per_commit)
+    def new_array(self, writer: str, field: FieldSpec) -> TensorArray | FrameArray:
+        """The writing side of ``writer``'s rows of ``field`` (see :meth:`TensorArray.create`; lossy fields:
+        :class:`FrameArray`)."""
+        kind = FrameArray if field.lossy else TensorArray
+        return kind.create(self.location, writer, field, self.context, per_commit=self.per_commit)
 
-    def open_array(self, writer: str, field: FieldSpec, commit: int = 0, read_only: bool = True) -> TensorArray:
+    def open_array(
+        self, writer: str, field: FieldSpec, commit: int = 0, read_only: bool = True
+    ) -> TensorArray | FrameArray:
         """One existing array of ``writer``'s rows of ``field`` (``commit`` 0: its single array)."""
+        if field.lossy:
+            return FrameArray(self.location, writer, field, self.context, commit)
         return TensorArray.open(self.location, writer, field, self.context, read_only=read_only, commit=commit)
 
     def append(self, rows: pa.Table) -> int:

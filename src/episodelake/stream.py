@@ -18,12 +18,14 @@ rank/world-size shards, background prefetch and exact resume through
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import json
 import queue
 import threading
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, cast
 
 import numpy as np
@@ -36,6 +38,7 @@ from .priority import bind, prioritized_sampler
 from .samplers import PrioritizedSampler, Sampler, StatefulSampler, UniformSampler, WeightedSampler
 from .segment_index import SegmentIndex, check_positive, check_seed
 from .selection import episode_weights, select
+from .transforms import FrameTransform, Transform, apply_transforms, check_transforms
 
 STATE_FORMAT = 2
 
@@ -295,21 +298,32 @@ class _Prefetcher:
         self._thread.start()
 
     def _run(self, planner: _Planner, build: Callable[[np.ndarray], SegmentBatch]) -> None:
-        while not self._stop.is_set():
-            try:
-                ids = planner.next_ids()
-                item = _END if ids is None else (build(ids), planner.state())
-            except BaseException as exc:  # handed to the consumer, which re-raises it
-                item = exc
-            self.queue.put(item)
-            if item is _END or isinstance(item, BaseException):
-                return
+        # Batches are planned here in order and built by ``depth`` threads at once, so the object-store reads
+        # of several batches are in flight together (latency overlaps); the queue keeps their order. Leaving
+        # the pool waits for every build, so no read outlives this thread.
+        with ThreadPoolExecutor(max(1, self.queue.maxsize), thread_name_prefix="episodelake-build") as pool:
+            while not self._stop.is_set():
+                try:
+                    ids = planner.next_ids()
+                    item = _END if ids is None else (pool.submit(build, ids), planner.state())
+                except BaseException as exc:  # handed to the consumer, which re-raises it
+                    item = exc
+                self.queue.put(item)
+                if item is _END or isinstance(item, BaseException):
+                    return
 
     def get(self) -> Any:
         """The next item; raises :class:`StreamStoppedError` once stopped with nothing left (never blocks)."""
         while True:
             try:
-                return self.queue.get(timeout=0.1)
+                item = self.queue.get(timeout=0.1)
+                if isinstance(item, tuple) and isinstance(item[0], Future):
+                    error = item[0].exception()
+                    if error is not None:
+                        self._stop.set()  # as when planning fails: nothing after a failed batch is built
+                        return error
+                    return item[0].result(), item[1]
+                return item
             except queue.Empty:
                 if self._stop.is_set() and not self._thread.is_alive():
                     raise StreamStoppedError("the stream's prefetch thread was stopped (interpreter exit)") from None
@@ -390,6 +404,9 @@ class SegmentStream:
         follow: before each batch, take in the episodes committed since
             (:meth:`refresh`: one check of the table's log when nothing
             changed); streams with replacement on a Dataset only.
+        transform: field key -> :class:`~episodelake.transforms.FrameTransform`
+            (crop/resize/normalize/layout of camera frames) or a callable on
+            the field's batch array, applied as each batch is assembled.
 
     A finite stream ends each pass with ``StopIteration``; iterating it again
     (``iter(stream)``, a new ``for`` loop) starts the next pass (epoch), in a
@@ -430,6 +447,7 @@ class SegmentStream:
         alpha: float | None = None,
         beta: float | None = None,
         follow: bool = False,
+        transform: Mapping[str, Transform] | None = None,
     ) -> None:
         if not isinstance(follow, bool):
             raise ArgumentError(f"follow must be a bool, got {follow!r}")
@@ -466,7 +484,7 @@ class SegmentStream:
         self._source = _Source(collection, where, filter, weights, snap, positions)
         self.index = SegmentIndex(positions, snap.lengths[positions], L, pad, stride, shard)
         self.sequence_length, self.context_length = L, C
-        self._build = _BatchBuilder(self.index, reader_for(snap), L, C)
+        self._build = _BatchBuilder(self.index, reader_for(snap), L, C, check_transforms(snap.schema, transform))
         per_episode = None
         if weights is not None:
             per_episode = episode_weights(collection, snap, positions, weights)
@@ -552,6 +570,7 @@ class SegmentStream:
             "drop_last": bool(drop_last),
             "prefetch": prefetch,
             "follow": follow,
+            "transform": _transform_lineage(transform),
         }
 
     @property
@@ -760,12 +779,26 @@ class SegmentStream:
 def _described(value: Any) -> Any:
     """``value`` if it travels as JSON (None, a number, an SQL string, a field key); else ``{"given": <kind>}``."""
     if isinstance(value, np.ndarray | list | tuple):  # per-episode values: as long as the dataset, never copied
-        return {"given": "array", "fingerprint": fingerprint(np.asarray(value, np.float64))}
+        try:
+            return {"given": "array", "fingerprint": fingerprint(np.asarray(value, np.float64))}
+        except (TypeError, ValueError):
+            return {"given": "array"}
     if value is None or _is_json(value):
         return value
     if callable(value) and not hasattr(value, "sample"):
         return {"given": "callable " + getattr(value, "__qualname__", type(value).__name__)}
     return {"given": type(value).__qualname__}
+
+
+def _transform_lineage(transform: Mapping[str, Transform] | None) -> Any:
+    """``{"frames": {key: FrameTransform fields}}`` when all are FrameTransforms; else ``{"given": "transform"}``."""
+    if transform is None:
+        return None
+    if isinstance(transform, Mapping):
+        frames = {key: dataclasses.asdict(t) for key, t in transform.items() if isinstance(t, FrameTransform)}
+        if len(frames) == len(transform) and _is_json(frames):
+            return {"frames": frames}
+    return {"given": "transform"}
 
 
 def _is_json(value: Any) -> bool:
@@ -791,13 +824,23 @@ class _Source:
 class _BatchBuilder:
     """What the prefetch thread needs to build batches, without a reference to the stream."""
 
-    def __init__(self, index: SegmentIndex, reader: WindowReader, length: int, context_length: int | None) -> None:
+    def __init__(
+        self,
+        index: SegmentIndex,
+        reader: WindowReader,
+        length: int,
+        context_length: int | None,
+        transforms: Mapping[str, Transform],
+    ) -> None:
         self.index = index
         self.reader = reader
         self.length = length
         self.context_length = context_length
+        self.transforms = transforms
 
     def __call__(self, ids: np.ndarray) -> SegmentBatch:
         """The batch of global segment ``ids``."""
         k, first = self.index.locate_global(ids)
-        return SegmentBatch.wrap(self.reader.segments(self.index.positions[k], first, self.length), self.context_length)
+        seg = self.reader.segments(self.index.positions[k], first, self.length)
+        apply_transforms(seg.data, self.reader.schema, self.transforms)
+        return SegmentBatch.wrap(seg, self.context_length)

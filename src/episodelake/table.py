@@ -17,9 +17,10 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
@@ -265,6 +266,15 @@ class EpisodeTable:
         ``max.<column>`` statistics.
         """
         return pa.table(self.dt.get_add_actions(flatten=True)).to_pylist()
+
+    def file_set(self) -> set[str]:
+        """Paths of the pinned version's data files, relative to the table directory (``changes``)."""
+        return set(pa.table(self.dt.get_add_actions(flatten=True)).column("path").to_pylist())
+
+    def episode_ids_in(self, rels: Iterable[str]) -> np.ndarray:
+        """The ``episode_id`` column of the data files ``rels`` (relative paths), concatenated (int64)."""
+        parts = [read_table_file(self.loc, self.file_path(rel), ["episode_id"]).column(0) for rel in sorted(rels)]
+        return np.concatenate([np.asarray(p, dtype=np.int64) for p in parts]) if parts else np.zeros(0, np.int64)
 
     def file_path(self, rel: str) -> str:
         """Filesystem path of a data file named relative to the table directory (as the log names it)."""

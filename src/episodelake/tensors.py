@@ -27,7 +27,7 @@ never a half episode.
 TensorStore aborts a process that uses it after ``fork()`` from a process that
 did. A forked process (a ``DataLoader`` worker, by default on Linux) therefore
 reads through :class:`PlainArray`: the same Zarr files decoded in Python
-(fsspec for the bytes, pyarrow's zstd), no TensorStore.
+(fsspec for the bytes, :func:`codecs.chunk_decoder`), no TensorStore.
 """
 
 from __future__ import annotations
@@ -36,39 +36,23 @@ import json
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
-import pyarrow as pa
 import tensorstore as ts
 
-from . import layout
-from .errors import CorruptionError, ForkedProcessError, ValidationError
+from . import codecs, layout
+from .engine import engine_usable as engine_usable  # snapshot asks tensors which reader to use
+from .engine import start_engine
+from .errors import CorruptionError, ValidationError
+from .fetch import Fetcher, Range, fetcher
 from .location import Location
-from .schema import FieldSpec
+from .schema import FRAMES_PER_SHARD, FieldSpec
 
 SHARD_CHUNKS = 64  # most inner chunks per shard object on object stores
 COMMIT_SHIFT = 32  # ref = commit << COMMIT_SHIFT | row
 ROW_MASK = (1 << COMMIT_SHIFT) - 1
 _NO_CHUNK = (1 << 64) - 1  # sharding index entry of an inner chunk that was never written
-
-_ENGINE_PID: int | None = None  # process that started TensorStore (its threads do not survive fork)
-
-
-def engine_usable() -> bool:
-    """False in a process forked from one that used TensorStore (TensorStore would abort it)."""
-    return _ENGINE_PID is None or os.getpid() == _ENGINE_PID
-
-
-def _start_engine(where: str) -> None:
-    """Record that this process runs TensorStore operations; refuse clearly where TensorStore would abort."""
-    global _ENGINE_PID
-    if not engine_usable():
-        raise ForkedProcessError(
-            f"{where}: TensorStore cannot run in a process forked from one that used it; "
-            "write from a spawned process (multiprocessing context 'spawn')"
-        )
-    _ENGINE_PID = os.getpid()
 
 
 def make_context(durable: bool = False, cache_bytes: int = 0) -> ts.Context:
@@ -90,17 +74,29 @@ def zarr_metadata(field: FieldSpec, sharded: bool, rows: int = 0, fit: bool = Fa
     Sharded arrays (object stores) get shards of at most :data:`SHARD_CHUNKS`
     inner chunks, fewer when the array needs fewer, so a small commit is one
     small object. ``fit``: chunks no longer than ``rows`` (a small local commit
-    array stores no padding).
+    array stores no padding). Lossy fields (``codec``) are always sharded:
+    one image per inner chunk, ``rows_per_chunk`` frames per shard.
     """
     chunk_rows = min(field.rows_per_chunk, max(1, rows)) if fit else field.rows_per_chunk
     inner: list[dict[str, Any]] = [{"name": "bytes", "configuration": {"endian": "little"}}]
     if field.np_dtype.itemsize == 1 or field.np_dtype == np.bool_:
         inner = [{"name": "bytes"}]
-    if field.compression == "zstd":
-        inner.append({"name": "zstd", "configuration": {"level": 3}})
+    inner += codecs.lossless_codecs(field.compression, field.np_dtype.itemsize)
     chunk = [chunk_rows, *field.shape]
+    per_shard = min(SHARD_CHUNKS, max(1, -(-rows // chunk_rows))) if rows else SHARD_CHUNKS
+    if field.lossy:  # see frames.FrameArray
+        assert field.codec is not None and field.quality is not None and field.layout is not None
+        inner = [codecs.lossy_codec(field.codec, field.quality, field.layout)]
+        if field.codec in codecs.VIDEO:  # one GOP of rows_per_chunk frames per inner chunk
+            gop = field.rows_per_chunk
+            most = max(1, FRAMES_PER_SHARD // gop)
+            per_shard = min(most, max(1, -(-rows // gop))) if fit and rows else most
+            sharded, chunk = True, [gop, *field.shape]
+        else:  # one image per inner chunk, rows_per_chunk frames per shard
+            sharded, per_shard, chunk = True, chunk_rows, [1, *field.shape]
+    chain = inner
     if sharded:
-        codecs: list[dict[str, Any]] = [
+        chain = [
             {
                 "name": "sharding_indexed",
                 "configuration": {
@@ -110,16 +106,13 @@ def zarr_metadata(field: FieldSpec, sharded: bool, rows: int = 0, fit: bool = Fa
                 },
             }
         ]
-        chunks = min(SHARD_CHUNKS, max(1, -(-rows // chunk_rows))) if rows else SHARD_CHUNKS
-        chunk = [chunk_rows * chunks, *field.shape]
-    else:
-        codecs = inner
+        chunk = [chunk[0] * per_shard, *field.shape]
     return {
         "shape": [rows, *field.shape],
         "data_type": field.np_dtype.name,
         "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": chunk}},
         "chunk_key_encoding": {"name": "default"},
-        "codecs": codecs,
+        "codecs": chain,
         "fill_value": _fill_value(field.np_dtype),
         "dimension_names": ["t", *(list(field.layout) if field.layout else [None] * len(field.shape))],
     }
@@ -270,7 +263,7 @@ class TensorArray:
         read_only: bool = True,
     ) -> list[TensorArray]:
         """Open several ``(writer, commit)`` arrays of ``field`` at once (all opens in flight together)."""
-        _start_engine(loc.child_url(*array_parts(arrays[0][0], field, arrays[0][1])) if arrays else loc.url)
+        start_engine(loc.child_url(*array_parts(arrays[0][0], field, arrays[0][1])) if arrays else loc.url)
         futures = []
         for writer, commit in arrays:
             spec: dict[str, Any] = {"driver": "zarr3", "kvstore": loc.kvstore(*array_parts(writer, field, commit))}
@@ -390,7 +383,7 @@ def _create_store(
     rows: int = 0,
     fit: bool = False,
 ) -> ts.TensorStore:
-    _start_engine(loc.child_url(*parts))
+    start_engine(loc.child_url(*parts))
     spec = {
         "driver": "zarr3",
         "kvstore": loc.kvstore(*parts),
@@ -416,122 +409,268 @@ class PlainArray:
     """One of our Zarr v3 arrays read without TensorStore: for processes forked from one that used it.
 
     Understands exactly what :func:`zarr_metadata` writes: the ``bytes`` codec,
-    optionally ``zstd``, optionally inside ``sharding_indexed`` (index at the
-    end). Bytes come from plain file reads (local) or concurrent byte-range
-    requests through fsspec (object stores; fsspec reopens its connections
-    after fork). Reads are synchronous.
+    optionally ``zstd`` or ``blosc``, or one lossy image per inner chunk,
+    optionally inside ``sharding_indexed`` (index at the end), decoded by
+    :func:`codecs.chunk_decoder` (compressed chunks in a thread pool). Bytes
+    come from plain file reads (local) or concurrent byte-range requests
+    through fsspec (object stores; fsspec reopens its connections after
+    fork). Reads are synchronous.
     """
 
-    def __init__(self, loc: Location, writer: str, field: FieldSpec, commit: int = 0) -> None:
+    def __init__(
+        self, loc: Location, writer: str, field: FieldSpec, commit: int = 0, meta: dict[str, Any] | None = None
+    ) -> None:
         self.loc = loc
         self.field = field
         self.commit = commit
         self.dir = loc.child(*array_parts(writer, field, commit))
         self.where = loc.child_url(*array_parts(writer, field, commit))
+        self.fetcher = fetcher(loc)
+        self.dtype = field.np_dtype.newbyteorder("<")
         try:
-            meta = read_metadata(loc, writer, field, commit)
-            codecs = meta["codecs"]
+            if meta is None:
+                meta = read_metadata(loc, writer, field, commit)
+            chain = meta["codecs"]
             self.rows = int(meta["shape"][0])
             outer = int(meta["chunk_grid"]["configuration"]["chunk_shape"][0])
         except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
             raise CorruptionError(f"tensor array {self.where} cannot be opened: {exc}") from exc
         _check_layout(self.where, meta["shape"], np.dtype(meta["data_type"]), field)
-        self.sharded = codecs[0]["name"] == "sharding_indexed"
+        self.sharded = chain[0]["name"] == "sharding_indexed"
         if self.sharded:
-            conf = codecs[0]["configuration"]
-            codecs, self.chunk_rows = conf["codecs"], int(conf["chunk_shape"][0])
+            conf = chain[0]["configuration"]
+            chain, self.chunk_rows = conf["codecs"], int(conf["chunk_shape"][0])
             if conf.get("index_location", "end") != "end":
                 raise CorruptionError(f"tensor array {self.where}: shard index location {conf['index_location']}")
         else:
             self.chunk_rows = outer
-        names = [c["name"] for c in codecs]
-        if names not in (["bytes"], ["bytes", "zstd"]):
-            raise CorruptionError(f"tensor array {self.where}: codecs {names} are not episodelake's")
-        self.zstd = names[-1] == "zstd"
+        self.plain = [c.get("name") for c in chain] == ["bytes"]
+        try:
+            self.decode = codecs.chunk_decoder(chain, (self.chunk_rows, *field.shape), field.np_dtype)
+        except ValueError as exc:
+            raise CorruptionError(f"tensor array {self.where}: {exc}") from exc
         self.per_shard = outer // self.chunk_rows
-        self.dtype = field.np_dtype.newbyteorder("<")
         # shard -> (per_shard, 2) offsets and sizes; committed shards never change
         self._indexes: dict[int, np.ndarray] = {}
+        self._views: dict[int, np.ndarray] = {}  # raw chunks mapped from the disk cache (see _plan)
 
-    def _fetch(self, requests: list[tuple[str, int | None, int | None]]) -> list[bytes]:
-        """Bytes ``[start, end)`` of each path (start < 0: that many bytes from the end), concurrently."""
-        if self.loc.is_local:
-            out = []
-            for path, start, end in requests:
-                with open(path, "rb") as fh:
-                    if start is not None:
-                        fh.seek(start, os.SEEK_END if start < 0 else os.SEEK_SET)
-                    out.append(fh.read() if end is None else fh.read(end - (start or 0)))
-            return out
-        paths, starts, ends = zip(*requests, strict=True)
-        return list(self.loc.fs.cat_ranges(list(paths), list(starts), list(ends)))
+    @classmethod
+    def open_many(cls, loc: Location, arrays: Sequence[tuple[str, int]], field: FieldSpec) -> list[PlainArray]:
+        """Several ``(writer, commit)`` arrays of ``field``, their metadata fetched together."""
+        paths = [loc.child(*layout.metadata_parts(array_parts(w, field, c))) for w, c in arrays]
+        try:
+            # a commit array's metadata is written once (cacheable); a writer's single array (commit 0) grows
+            blobs = fetcher(loc).read([(p, 0, None) for p in paths], [c > 0 for _, c in arrays])
+        except FileNotFoundError as exc:
+            raise CorruptionError(f"tensor array cannot be opened: {exc}") from exc
+        out = []
+        for (writer, commit), path, blob in zip(arrays, paths, blobs, strict=True):
+            try:
+                meta = json.loads(blob.tobytes())
+            except ValueError as exc:
+                raise CorruptionError(f"tensor array metadata {path} is not JSON: {exc}") from exc
+            out.append(cls(loc, writer, field, commit, meta))
+        return out
 
     def _chunk_path(self, c: int) -> str:
         return "/".join(
             [self.dir, *layout.chunk_parts(c // self.per_shard if self.sharded else c, len(self.field.shape))]
         )
 
-    def _shard_indexes(self, shards: list[int]) -> None:
-        todo = [s for s in shards if s not in self._indexes]
-        if not todo:
-            return
+    def _missing_shards(self, runs: Sequence[Run]) -> list[int]:
+        if not self.sharded:
+            return []
+        S = self.chunk_rows * self.per_shard
+        shards = {s for _, src, n, _ in runs for s in range(src // S, (src + n - 1) // S + 1)}
+        return sorted(s for s in shards if s not in self._indexes)
+
+    def _index_range(self, shard: int) -> Range:
         size = self.per_shard * 16 + 4  # (offset, nbytes) uint64 pairs, then a CRC-32C
-        blobs = self._fetch([(self._chunk_path(s * self.per_shard), -size, None) for s in todo])
-        for s, blob in zip(todo, blobs, strict=True):
-            if len(blob) != size:
-                raise CorruptionError(f"{self._chunk_path(s * self.per_shard)}: shard index truncated")
-            self._indexes[s] = np.frombuffer(blob[:-4], "<u8").reshape(self.per_shard, 2)
+        return (self._chunk_path(shard * self.per_shard), -size, None)
 
-    def chunks(self, wanted: list[int], episode_id: int = -1) -> dict[int, np.ndarray]:
-        """Decoded inner chunks (``chunk_rows`` rows each) by chunk number, fetched together."""
-        what = f"episode {episode_id}: field {self.field.key!r}" if episode_id >= 0 else f"field {self.field.key!r}"
-        if self.sharded:
-            self._shard_indexes(sorted({c // self.per_shard for c in wanted}))
-        requests: list[tuple[str, int | None, int | None]] = []
-        for c in wanted:
-            if self.sharded:
-                offset, nbytes = (int(v) for v in self._indexes[c // self.per_shard][c % self.per_shard])
-                if offset == _NO_CHUNK:
-                    raise CorruptionError(f"{what}: chunk {c} missing from {self._chunk_path(c)}")
-                requests.append((self._chunk_path(c), offset, offset + nbytes))
-            else:
-                requests.append((self._chunk_path(c), None, None))
+    def _set_index(self, shard: int, blob: np.ndarray) -> None:
+        if len(blob) != self.per_shard * 16 + 4:
+            raise CorruptionError(f"{self._chunk_path(shard * self.per_shard)}: shard index truncated")
+        self._indexes[shard] = blob[:-4].view("<u8").reshape(self.per_shard, 2)
+
+    def _chunk_range(self, c: int, eid: int) -> Range:
+        """The stored bytes of inner chunk ``c`` (read for episode ``eid``, named in errors)."""
+        path = self._chunk_path(c)
+        if not self.sharded:
+            return (path, 0, None)
+        offset, nbytes = self._indexes[c // self.per_shard][c % self.per_shard].tolist()
+        if offset == _NO_CHUNK:
+            raise CorruptionError(f"{self._what(eid)}: chunk {c} missing from {path}")
+        return (path, offset, offset + nbytes)
+
+    def _what(self, eid: int) -> str:
+        return f"episode {eid}: field {self.field.key!r}" if eid >= 0 else f"field {self.field.key!r}"
+
+    def _plan(self, runs: Sequence[Run], plan: _Plan) -> None:
+        """Add the ranges and copies of ``runs`` to ``plan``.
+
+        Raw rows (the plain ``bytes`` codec) with no cache: only the rows
+        used, one range per run and chunk. Otherwise whole inner chunks (the
+        unit a cache can reuse), each fetched and decoded once per batch; raw
+        chunks from the disk cache stay mapped (:attr:`_views`) and are read
+        without asking the cache again.
+        """
+        R, row_bytes = self.chunk_rows, self.field.step_bytes
+        rows_only = self.plain and not self.fetcher.caching
+        slots: dict[int, int] = {}
+        views = self._views
+        for dst, src, n, eid in runs:
+            row, end = src, src + n
+            while row < end:
+                c, r = divmod(row, R)
+                k = min(end - row, R - r)
+                at = dst + row - src
+                row += k
+                view = views.get(c)
+                if view is not None:
+                    plan.views.append(view)
+                    plan.copies.append((self, len(plan.views) - 1, _VIEW, at, r, k, eid, c))
+                    continue
+                path, start, stop = self._chunk_range(c, eid)
+                hit = None if self.plain else codecs.decoded_cache.get(self._decoded_key(path, start, stop))
+                if hit is not None:
+                    plan.views.append(hit)
+                    plan.copies.append((self, len(plan.views) - 1, _VIEW, at, r, k, eid, c))
+                    continue
+                if rows_only:
+                    if stop is not None and stop - start != R * row_bytes:
+                        raise CorruptionError(f"{self._what(eid)}: chunk {c} of {path} holds {stop - start} bytes")
+                    slot = plan.add((path, start + r * row_bytes, start + (r + k) * row_bytes), False)
+                    plan.copies.append((self, slot, _ROWS, at, r, k, eid, c))
+                else:
+                    if c not in slots:
+                        slots[c] = plan.add((path, start, stop), True)
+                    plan.copies.append((self, slots[c], _CHUNK, at, r, k, eid, c))
+
+    def _decoded_key(self, path: str, start: int | None, stop: int | None) -> tuple[Any, ...] | None:
+        """The decoded-chunk cache key of stored bytes ``[start, stop)`` of ``path``.
+
+        Object-store arrays are written once: the range names its bytes. A
+        local file may be replaced (the single array's last chunk grows with
+        the next commit, vacuum shrinks it): its modification time and size
+        join the key, so a replaced file never matches an older entry.
+        """
+        if not self.loc.is_local:
+            return (path, start, stop)
         try:
-            blobs = self._fetch(requests)
-        except FileNotFoundError as exc:
-            raise CorruptionError(f"{what}: {exc}") from exc
-        want = self.chunk_rows * self.field.step_bytes
-        out = {}
-        for c, (path, _, _), blob in zip(wanted, requests, blobs, strict=True):
-            try:
-                raw = pa.Codec("zstd").decompress(blob, decompressed_size=want) if self.zstd else blob
-            except (OSError, pa.ArrowException) as exc:
-                raise CorruptionError(f"{what}: chunk {c} of {path} undecodable: {exc}") from exc
-            if len(raw) != want:
-                raise CorruptionError(f"{what}: chunk {c} of {path} holds {len(raw)} bytes, expected {want}")
-            out[c] = np.frombuffer(raw, self.dtype).reshape(self.chunk_rows, *self.field.shape)
-        return out
+            st = os.stat(path)
+        except OSError:
+            return None  # the read reports it
+        return (path, start, stop, st.st_mtime_ns, st.st_size)
 
-    def copy_runs(self, out: np.ndarray, runs: list[tuple[int, int, int, int]]) -> None:
-        """Copy runs ``(dst row, src row, count, episode id)``, each inside one chunk, into ``out``."""
-        R = self.chunk_rows
-        decoded = self.chunks(sorted({src // R for _, src, _, _ in runs}), runs[0][3] if runs else -1)
-        for dst, src, n, _ in runs:
-            c, r = divmod(src, R)
-            out[dst : dst + n] = decoded[c][r : r + n]
+    def _keep_view(self, c: int, chunk: np.ndarray) -> None:
+        """Keep decoded chunk ``c`` in the decoded-chunk cache, or raw chunk ``c`` (a view of a disk-cache
+        entry's mapping) for later batches."""
+        if not self.plain:
+            codecs.decoded_cache.put(self._decoded_key(*self._chunk_range(c, -1)), chunk)
+        elif self.fetcher.disk is not None:
+            if len(self._views) >= MAX_VIEWS:
+                self._views.clear()
+            self._views[c] = chunk
+
+    def copy_runs(self, out: np.ndarray, runs: list[Run]) -> None:
+        """Copy runs ``(dst row, src row, count, episode id)`` into ``out`` (see :func:`copy_runs_many`)."""
+        copy_runs_many([(self, runs)], out)
 
     def read(self, start: int, stop: int) -> _Ready:
         """Rows ``[start, stop)`` (a ready value with ``result()``)."""
         out = np.empty((stop - start, *self.field.shape), self.field.np_dtype)
-        R = self.chunk_rows
-        runs = []
-        row = start
-        while row < stop:
-            n = min(stop, (row // R + 1) * R) - row
-            runs.append((row - start, row, n, -1))
-            row += n
-        self.copy_runs(out, runs)
+        self.copy_runs(out, [(0, start, stop - start, -1)])
         return _Ready(out)
+
+
+Run = tuple[int, int, int, int]  # (dst row, src row, count, episode id)
+_ROWS, _CHUNK, _VIEW = 0, 1, 2  # a piece's source: fetched rows, a fetched chunk to decode, a kept chunk view
+MAX_VIEWS = 4096  # raw disk-cache chunks an array keeps mapped
+
+
+class _Plan:
+    """A batch's byte ranges (with their cache flags) and where each piece goes."""
+
+    def __init__(self) -> None:
+        self.ranges: list[Range] = []
+        self.cache: list[bool] = []
+        self.views: list[np.ndarray] = []
+        # (array, slot in ranges or views, kind, dst row, first row in the chunk, rows, episode id, chunk)
+        self.copies: list[tuple[PlainArray, int, int, int, int, int, int, int]] = []
+
+    def add(self, r: Range, cache: bool) -> int:
+        self.ranges.append(r)
+        self.cache.append(cache)
+        return len(self.ranges) - 1
+
+
+def copy_runs_many(items: Sequence[tuple[PlainArray, Sequence[Run]]], out: np.ndarray) -> None:
+    """Copy every array's runs ``(dst row, src row, count, episode id)`` into ``out`` in two fetch rounds.
+
+    Round one fetches the shard indexes not yet known (kept by each array for
+    good: committed shards never change); round two fetches every byte range
+    of every array at once, coalesced per object (:class:`~episodelake.fetch.Fetcher`).
+    Compressed chunks decode in a thread pool. All arrays must share one location.
+    """
+    items = [(arr, runs) for arr, runs in items if runs]
+    if not items:
+        return
+    fetch = items[0][0].fetcher
+    shards = [(arr, s) for arr, runs in items for s in arr._missing_shards(runs)]
+    if shards:
+        blobs = _fetch_or_corrupt(fetch, [arr._index_range(s) for arr, s in shards], [True] * len(shards), items)
+        for (arr, s), blob in zip(shards, blobs, strict=True):
+            arr._set_index(s, blob)
+    plan = _Plan()
+    for arr, runs in items:
+        arr._plan(runs, plan)
+    blobs = _fetch_or_corrupt(fetch, plan.ranges, plan.cache, items) if plan.ranges else []
+    decoded: dict[int, np.ndarray | ValueError] = {}
+    chunks = list({slot: (arr, c) for arr, slot, kind, _, _, _, _, c in plan.copies if kind == _CHUNK}.items())
+    if chunks:
+        pooled = len(chunks) > 1 and not all(arr.plain for _, (arr, _) in chunks)
+        jobs = [(arr, blobs[slot]) for slot, (arr, _) in chunks]
+        results = (codecs.codec_pool().map if pooled else map)(_decode_or_error, jobs)
+        for (slot, (arr, c)), got in zip(chunks, results, strict=True):
+            decoded[slot] = got
+            if not isinstance(got, ValueError):
+                arr._keep_view(c, got)
+    for arr, slot, kind, dst, r, k, eid, c in plan.copies:
+        if kind == _VIEW:
+            out[dst : dst + k] = plan.views[slot][r : r + k]
+        elif kind == _ROWS:
+            blob = blobs[slot]
+            if len(blob) != k * arr.field.step_bytes:
+                raise CorruptionError(f"{arr._what(eid)}: chunk {c} of {plan.ranges[slot][0]} is truncated")
+            out[dst : dst + k] = blob.view(arr.dtype).reshape(k, *arr.field.shape)
+        else:
+            got = decoded[slot]
+            if isinstance(got, ValueError):
+                raise CorruptionError(f"{arr._what(eid)}: chunk {c} of {plan.ranges[slot][0]} {got}") from got
+            out[dst : dst + k] = got[r : r + k]
+
+
+def _decode_or_error(job: tuple[PlainArray, np.ndarray]) -> np.ndarray | ValueError:
+    arr, blob = job
+    try:
+        return arr.decode(cast(bytes, blob))  # any buffer decodes; the ndarray avoids a copy
+    except ValueError as exc:
+        return exc
+
+
+def _fetch_or_corrupt(
+    fetch: Fetcher, ranges: list[Range], cache: list[bool], items: Sequence[tuple[PlainArray, Sequence[Run]]]
+) -> list[np.ndarray]:
+    try:
+        return fetch.read(ranges, cache)
+    except FileNotFoundError as exc:  # a committed object is gone: name an episode reading from it
+        for arr, runs in items:
+            if arr.dir in str(exc):
+                eid = runs[0][3]
+                who = f"episode {eid}: field {arr.field.key!r}" if eid >= 0 else f"field {arr.field.key!r}"
+                raise CorruptionError(f"{who}: {exc}") from exc
+        raise CorruptionError(str(exc)) from exc
 
 
 def read_many(requests: Sequence[tuple[TensorArray | PlainArray, int, int]]) -> list[np.ndarray]:

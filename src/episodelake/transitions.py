@@ -38,7 +38,7 @@ dataset grows or loses episodes.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -50,6 +50,7 @@ from .priority import bind, prioritized_sampler
 from .segment_index import SegmentIndex, check_positive, check_seed
 from .selection import episode_weights, select
 from .snapshot import Snapshot
+from .transforms import Transform, apply_transforms, check_transforms
 
 # the transition index of each snapshot's last selection: repeated draws from one collection skip rebuilding it
 _INDEXES: weakref.WeakKeyDictionary[Snapshot, tuple[np.ndarray, SegmentIndex]] = weakref.WeakKeyDictionary()
@@ -148,6 +149,7 @@ def sample_transitions(
     priority: Any = None,
     alpha: float | None = None,
     beta: float | None = None,
+    transform: Mapping[str, Transform] | None = None,
 ) -> Transitions:
     """``batch_size`` transitions drawn with replacement from ``collection``: uniformly by default.
 
@@ -161,7 +163,9 @@ def sample_transitions(
     at the largest seen). ``priority`` alone: one prioritized draw
     (``alpha``/``beta``, default 0.6/0.4) from the given priorities. A
     prioritized batch has ``indices`` and ``weights`` (see
-    :class:`~episodelake.samplers.PrioritizedSampler`).
+    :class:`~episodelake.samplers.PrioritizedSampler`). ``transform``: per
+    field, a :class:`~episodelake.transforms.FrameTransform` or callable
+    applied to the batch's buffers.
     """
     B = check_positive(batch_size, "batch_size")
     n = check_positive(n_step, "n_step")
@@ -179,6 +183,7 @@ def sample_transitions(
         raise ArgumentError("weights apply to the default sampler only: give weights=, sampler= or priority=")
     per = prioritized_sampler(sampler, priority, alpha, beta, seed if rng is None else rng)
     snap, positions = select(collection, where, filter)
+    transforms = check_transforms(snap.schema, transform)
     index = transition_index(snap, positions)
     drawn: tuple[np.ndarray, np.ndarray] | None = None
     if per is not None:
@@ -197,6 +202,7 @@ def sample_transitions(
     # a user sampler's ids are checked; built-in draws are in range (one shard: local ids are global)
     which, t = index.locate(local) if sampler is not None and per is None else index.locate_global(local)
     out = build_transitions(reader_for(snap), positions[which], t, n, gamma, k, h)
+    apply_transforms(out.buffers, snap.schema, transforms)
     if drawn is not None:
         out.indices, out.weights = drawn
     return out

@@ -1,7 +1,8 @@
 """Importers from the formats users already have; ``import_dataset(FORMAT, src, dst)`` dispatches.
 
 Formats: ``minari`` (:mod:`.minari`), ``d4rl`` (:mod:`.d4rl`),
-``memmap-replay`` (:mod:`.memmap_replay`), ``episodata`` (:mod:`.episodata`).
+``memmap-replay`` (:mod:`.memmap_replay`), ``episodata`` (:mod:`.episodata`),
+``lerobot`` (:mod:`.lerobot`).
 
 Shared contract: an import creates a new dataset at ``dst`` (None: in memory)
 and commits every episode, or, on any error, removes what it created and
@@ -30,6 +31,7 @@ FORMATS = {
     "d4rl": "d4rl",
     "memmap-replay": "memmap_replay",
     "episodata": "episodata",
+    "lerobot": "lerobot",
 }
 SOURCE_EPISODE = FieldSpec("source_episode", (), "int64", role="meta", description="episode index or id in the source")
 

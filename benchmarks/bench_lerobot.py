@@ -1,0 +1,204 @@
+"""LeRobot's own loader as the camera benchmark's peer row, beside episodelake on the same frames, same run.
+
+Frames: a real MuJoCo env (Reacher-v5, random actions) rendered at ``--size``
+(episodes of ``--episode-length`` frames, ``--frames`` in all). The real
+``lerobot`` package (its own virtualenv, tests/lerobot_env.py) writes them as
+a LeRobot v3 dataset (``LeRobotDataset.create`` + ``add_frame`` +
+``save_episode``, its default AV1 or ``--vcodec h264``, crf 30, GOP 2). Then:
+
+* LeRobot: ``LeRobotDataset(delta_timestamps={camera: L frames})``, batches of
+  ``B`` random segments of ``L`` frames, one ``__getitem__`` each (torchcodec
+  decodes), in its virtualenv (benchmarks/lerobot_peer.py): segments/s of the
+  first batch (cold) and of ``--seconds`` of batches after it (warm);
+* episodelake, raw: that dataset imported (``import_dataset("lerobot", ...)``,
+  frames decoded once, stored raw), ``segment_stream(sequence_length=L,
+  batch_size=B, prefetch=0).sample()``;
+* episodelake, ``--codec`` (e.g. ``jpeg``): imported with
+  ``camera_options={"codec": ...}``, same sampling;
+* LeRobot loader on ``to_lerobot``'s export of the imported dataset.
+
+Printed per row: bytes per frame (camera storage only), PSNR against the
+rendered frames, write/import frames/s, segments/s, and ratios to LeRobot.
+
+    python benchmarks/bench_lerobot.py --frames 3000 --size 96 --seconds 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("MUJOCO_GL", "egl")
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.lerobot_env import lerobot_python  # noqa: E402
+
+import episodelake as el  # noqa: E402
+from episodelake.importers import import_dataset  # noqa: E402
+from episodelake.lerobot_export import to_lerobot  # noqa: E402
+
+CAMERA = "observation.images.top"
+
+
+def render(frames: int, size: int, episode_length: int) -> list[dict[str, np.ndarray]]:
+    import gymnasium as gym
+
+    env = gym.make("Reacher-v5", render_mode="rgb_array", width=size, height=size)
+    episodes = []
+    for e in range(-(-frames // episode_length)):
+        n = min(episode_length, frames - e * episode_length)
+        env.reset(seed=e)
+        env.action_space.seed(e)
+        images, states, actions = [], [], []
+        for _ in range(n):
+            images.append(env.render())
+            states.append(env.unwrapped.data.qpos.astype(np.float32))
+            actions.append(env.action_space.sample().astype(np.float32))
+            env.step(actions[-1])
+        episodes.append({"frames": np.stack(images), "state": np.stack(states), "action": np.stack(actions)})
+    env.close()
+    return episodes
+
+
+def psnr(a: np.ndarray, b: np.ndarray) -> float:
+    mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
+    return float("inf") if mse == 0 else 10 * np.log10(255.0**2 / mse)
+
+
+def tree_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def lerobot_peer(python: Path, root: Path, args: argparse.Namespace, work: Path) -> tuple[dict, np.ndarray]:
+    out = work / f"peer-{root.name}.json"
+    cmd = [str(python), str(ROOT / "benchmarks/lerobot_peer.py"), str(root), CAMERA, str(args.B), str(args.L)]
+    subprocess.run([*cmd, str(args.seconds), str(out)], check=True, capture_output=True)
+    frames = np.load(str(out) + ".frames.npy").transpose(0, 2, 3, 1)
+    return json.loads(out.read_text()), frames
+
+
+def el_rates(ds: el.Dataset, args: argparse.Namespace) -> tuple[float, float]:
+    """Segments/s of the first batch (cold: a freshly opened dataset) and of the batches after it (warm)."""
+    stream = el.Dataset.open(ds.location.url, read_only=True).segment_stream(
+        sequence_length=args.L, batch_size=args.B, seed=0, prefetch=0
+    )
+    start = time.perf_counter()
+    stream.sample()
+    cold = args.B / (time.perf_counter() - start)
+    segments, start = 0, time.perf_counter()
+    while time.perf_counter() - start < args.seconds:
+        stream.sample()
+        segments += args.B
+    return cold, segments / (time.perf_counter() - start)
+
+
+def el_frames(ds: el.Dataset) -> np.ndarray:
+    """Every imported camera frame in episode order (observation rows of each LeRobot frame)."""
+    rows = []
+    for ep in ds.episodes():
+        obs = ep.read().all_obs["images/top"]
+        rows.append(obs[: ep.length + (0 if ep.terminated else 1)])
+    return np.concatenate(rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--frames", type=int, default=3000)
+    parser.add_argument("--size", type=int, default=96)
+    parser.add_argument("--episode-length", type=int, default=100)
+    parser.add_argument("--seconds", type=float, default=10.0, help="warm sampling time per system")
+    parser.add_argument("--vcodec", choices=["libsvtav1", "h264"], default="libsvtav1")
+    parser.add_argument("--codec", default=None, help="also import with FieldSpec codec= (e.g. jpeg)")
+    parser.add_argument("-B", type=int, default=32)
+    parser.add_argument("-L", type=int, default=16)
+    args = parser.parse_args()
+    python = lerobot_python()
+    work = Path(tempfile.mkdtemp(prefix="bench-lerobot-"))
+    try:
+        episodes = render(args.frames, args.size, args.episode_length)
+        rendered = np.concatenate([ep["frames"] for ep in episodes])
+        n = [len(ep["frames"]) for ep in episodes]
+        source = work / "frames.npz"
+        np.savez(
+            source,
+            **{"camera/top": rendered},
+            state=np.concatenate([ep["state"] for ep in episodes]),
+            action=np.concatenate([ep["action"] for ep in episodes]),
+            reward=np.zeros(len(rendered), np.float32),
+            done=np.zeros(len(rendered), bool),
+            episode=np.repeat(np.arange(len(n)), n),
+            tasks=np.array(["reach"] * len(rendered)),
+            fps=np.array(50),
+        )
+        lr_root = work / "lerobot"
+        start = time.perf_counter()
+        subprocess.run(
+            [str(python), str(ROOT / "tests/scripts/lerobot_write.py"), str(lr_root), str(source), args.vcodec],
+            check=True,
+            capture_output=True,
+        )
+        rows = []
+        peer, peer_frames = lerobot_peer(python, lr_root, args, work)
+        rows.append(
+            (
+                "LeRobot (its writer, its loader)",
+                tree_bytes(lr_root / "videos"),
+                psnr(peer_frames, rendered),
+                len(rendered) / (time.perf_counter() - start),
+                peer["cold"],
+                peer["warm"],
+            )
+        )
+        variants = [("episodelake raw (imported)", {})]
+        if args.codec:
+            variants.append((f"episodelake {args.codec} (imported)", {"codec": args.codec}))
+        imported = None
+        for name, options in variants:
+            dst = work / f"el-{len(rows)}"
+            start = time.perf_counter()
+            ds = import_dataset("lerobot", lr_root, str(dst), camera_options=options, progress=False)
+            write = len(rendered) / (time.perf_counter() - start)
+            cold, warm = el_rates(ds, args)
+            tensors = sum(tree_bytes(p) for p in dst.glob("tensors/*/observation/images/top"))
+            tensors = tensors or tree_bytes(dst / "tensors")
+            rows.append((name, tensors, psnr(el_frames(ds), rendered), write, cold, warm))
+            imported = imported or ds
+        assert imported is not None
+        export = to_lerobot(imported, work / "export", vcodec=args.vcodec)
+        peer, peer_frames = lerobot_peer(python, export, args, work)
+        rows.append(
+            (
+                "LeRobot loader on to_lerobot export",
+                tree_bytes(export / "videos"),
+                psnr(peer_frames, rendered),
+                float("nan"),
+                peer["cold"],
+                peer["warm"],
+            )
+        )
+        print(f"{len(rendered)} frames {args.size}x{args.size} (Reacher-v5), {args.vcodec}, B={args.B} L={args.L}")
+        header = f"{'system':38s} {'bytes/frame':>11s} {'PSNR dB':>8s} {'write f/s':>10s} {'cold seg/s':>10s}"
+        print(header + f" {'warm seg/s':>10s} {'x LeRobot':>9s}")
+        base = rows[0][5]
+        for name, size, quality, write, cold, warm in rows:
+            print(
+                f"{name:38s} {size / len(rendered):11.0f} {quality:8.1f} {write:10.0f} {cold:10.1f} {warm:10.1f}"
+                f" {warm / base:9.2f}"
+            )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,440 @@
+"""Tensor codecs: their names, their Zarr v3 metadata, and decoding one stored chunk.
+
+Two kinds, chosen per field (:class:`~episodelake.schema.FieldSpec`):
+
+* **Lossless** ``compression``: ``"zstd"``, or Blosc as ``"blosc-<cname>[-<shuffle>]"``
+  with ``cname`` in lz4, lz4hc, zstd and ``shuffle`` in shuffle (default),
+  bitshuffle, noshuffle. Standard Zarr v3 codecs: TensorStore writes and
+  reads them, and so does zarr-python.
+* **Lossy** ``codec`` (``"jpeg"``, ``"webp"``, ``"avif"``) with a ``quality``:
+  one compressed image per Zarr inner chunk (a chunk is one frame), inner
+  chunks packed into ``sharding_indexed`` shards. TensorStore cannot decode
+  images, so these arrays are written shard by shard through its key-value
+  store and decoded here with ``imagecodecs`` (which releases the GIL, so a
+  thread pool decodes frames in parallel). The codec entries are named
+  ``imagecodecs_<codec>``; zarr-python reads them after :func:`register_zarr_codecs`.
+* **Video** ``codec`` (``"video:h264"``, ``"video:av1"``) with a ``quality``:
+  one short closed GOP per inner chunk of ``chunk_rows`` consecutive frames
+  (default :data:`VIDEO_GOP`), encoded with PyAV (libx264 / libsvtav1) in
+  yuv420p and decoded (FFmpeg's h264 / libdav1d, one thread per chunk, the
+  pool decoding chunks in parallel) back to RGB ``uint8``. A chunk's bytes
+  are one or more *segments* (:func:`encode_segment`): appending to a partly
+  filled chunk adds a segment and keeps the earlier frames' bytes. The codec
+  entry is ``episodelake_video``; zarr-python reads it after :func:`register_zarr_codecs`.
+
+:func:`chunk_decoder` is the one decode function of every chain we write:
+forked processes (no TensorStore) and lossy arrays read through it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import struct
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from typing import Any
+
+import numpy as np
+
+from .errors import MissingDependencyError
+
+BLOSC_NAMES = ("lz4", "lz4hc", "zstd")
+SHUFFLES = ("shuffle", "bitshuffle", "noshuffle")
+LOSSLESS = ("zstd", *(f"blosc-{c}{s}" for c in BLOSC_NAMES for s in ("", "-bitshuffle", "-noshuffle")))
+IMAGE = ("jpeg", "webp", "avif")
+VIDEO = ("video:h264", "video:av1")
+LOSSY = (*IMAGE, *VIDEO)
+DEFAULT_QUALITY = {"jpeg": 90, "webp": 90, "avif": 80, "video:h264": 60, "video:av1": 55}
+# channel counts each image codec stores (frames are H x W x C uint8)
+CHANNELS = {"jpeg": (1, 3), "webp": (3, 4), "avif": (1, 3, 4), "video:h264": (3,), "video:av1": (3,)}
+# Declared loss: the PSNR (dB) each codec keeps at least at a quality (first row whose threshold the quality
+# reaches) on rendered-like frames (smooth shading and flat objects, not noise) of at least 32 x 32 pixels.
+PSNR_FLOORS = {
+    "jpeg": ((90, 32.5), (75, 27.5), (30, 24.5), (10, 21.5), (1, 17.5)),
+    "webp": ((75, 24.0), (30, 23.0), (1, 20.5)),
+    "avif": ((75, 32.5), (50, 29.0), (30, 25.5), (10, 23.0), (1, 20.5)),
+    # video: yuv420p halves chroma resolution, which caps small frames of saturated discs near 22 dB at any
+    # quality (rendered 96 x 96 MuJoCo frames keep 35-40 dB, see docs/camera.md)
+    "video:h264": ((75, 21.0), (50, 20.5), (30, 20.0), (10, 18.0), (1, 17.0)),
+    "video:av1": ((75, 21.0), (50, 20.5), (30, 20.5), (10, 20.0), (1, 18.5)),
+}
+VIDEO_GOP = 16  # frames per video chunk (one closed GOP) by default
+VIDEO_MIN_SIDE = 8  # smallest frame side the video encoders take (odd sides are padded to even for yuv420p)
+# (encoder, decoder, largest crf, encoder options): quality q in [1, 100] is crf round((100 - q) * largest / 99)
+_VIDEO = {
+    "video:h264": ("libx264", "h264", 51, {"preset": "medium"}),
+    "video:av1": ("libsvtav1", "libdav1d", 63, {"preset": "6"}),
+}
+_SEGMENT = struct.Struct("<4sIII")  # magic, first frame in the chunk, frames, packets
+_MAGIC = b"ELV1"
+AVIF_SPEED = 8  # libavif speed 0 (slowest, smallest) .. 10: 8 keeps writes near real time
+
+_BLOSC_LEVEL = {"lz4": 5, "lz4hc": 5, "zstd": 3}
+
+
+def optional(module: str) -> Any:
+    """Import ``module`` (``imagecodecs``, ``google_crc32c``), or :class:`MissingDependencyError` naming the extra."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise MissingDependencyError(f"camera codecs need {module}: pip install 'episodelake[camera]'") from exc
+
+
+def lossless_codecs(compression: str | None, itemsize: int) -> list[dict[str, Any]]:
+    """The Zarr v3 bytes-to-bytes codecs of ``compression`` (None: none); ``ValueError`` for an unknown name."""
+    if compression is None:
+        return []
+    if compression == "zstd":
+        return [{"name": "zstd", "configuration": {"level": 3}}]
+    parts = compression.split("-")
+    if compression not in LOSSLESS or parts[0] != "blosc":
+        raise ValueError(f"compression must be None or one of {LOSSLESS}, got {compression!r}")
+    cname = parts[1]
+    shuffle = parts[2] if len(parts) > 2 else "shuffle"
+    conf = {"cname": cname, "clevel": _BLOSC_LEVEL[cname], "shuffle": shuffle, "typesize": itemsize, "blocksize": 0}
+    return [{"name": "blosc", "configuration": conf}]
+
+
+def check_lossy(codec: str, quality: int | None, shape: Sequence[int], layout: str | None, dtype: np.dtype) -> int:
+    """The quality to use for ``codec`` on frames of ``shape``; ``ValueError`` saying what does not fit."""
+    if codec not in LOSSY:
+        raise ValueError(f"codec must be one of {LOSSY}, got {codec!r}")
+    if dtype != np.uint8:
+        raise ValueError(f"codec {codec!r} stores uint8 images, the field is {dtype}")
+    if len(shape) != 3 or layout not in ("HWC", "CHW"):
+        raise ValueError(f"codec {codec!r} needs a 3-D image field with layout 'HWC' or 'CHW' (shape {tuple(shape)})")
+    channels = shape[layout.index("C")]
+    if channels not in CHANNELS[codec]:
+        raise ValueError(f"codec {codec!r} stores {CHANNELS[codec]} channels, the field has {channels}")
+    q = DEFAULT_QUALITY[codec] if quality is None else quality
+    if isinstance(q, bool) or not isinstance(q, int) or not 1 <= q <= 100:
+        raise ValueError(f"quality must be an int in [1, 100], got {quality!r}")
+    if codec in VIDEO and min(shape[i] for i, a in enumerate(layout) if a != "C") < VIDEO_MIN_SIDE:
+        raise ValueError(f"codec {codec!r} needs frames of at least {VIDEO_MIN_SIDE} x {VIDEO_MIN_SIDE} pixels")
+    return q
+
+
+def crf(codec: str, quality: int) -> int:
+    """The encoder's constant rate factor for video ``codec`` at ``quality`` (100: crf 0, 1: the largest crf)."""
+    return round((100 - quality) * _VIDEO[codec][2] / 99)
+
+
+def psnr_floor(codec: str, quality: int) -> float:
+    """The declared PSNR floor (dB) of ``codec`` at ``quality`` (see :data:`PSNR_FLOORS`)."""
+    return next(floor for threshold, floor in PSNR_FLOORS[codec] if quality >= threshold)
+
+
+def psnr(reference: np.ndarray, decoded: np.ndarray) -> float:
+    """Peak signal-to-noise ratio (dB) of 8-bit ``decoded`` against ``reference`` (inf when equal)."""
+    mse = float(np.mean((reference.astype(np.float64) - decoded.astype(np.float64)) ** 2))
+    return float("inf") if mse == 0 else 10 * float(np.log10(255.0**2 / mse))
+
+
+def lossy_codec(codec: str, quality: int, layout: str) -> dict[str, Any]:
+    """The Zarr v3 array-to-bytes codec entry of one lossy inner chunk (images: ``[1, *shape]``)."""
+    if codec in VIDEO:
+        encoder, decoder = _VIDEO[codec][:2]
+        conf = {"codec": codec[len("video:") :], "encoder": encoder, "decoder": decoder, "quality": quality}
+        conf |= {"crf": crf(codec, quality), "pix_fmt": "yuv420p", "layout": layout, "format": "segments-v1"}
+        return {"name": "episodelake_video", "configuration": conf}
+    return {"name": f"imagecodecs_{codec}", "configuration": {"quality": quality, "layout": layout}}
+
+
+def _av() -> Any:
+    os.environ.setdefault("SVT_LOG", "1")  # SVT-AV1 prints its configuration at every encoder start otherwise
+    return optional("av")
+
+
+def encode_segment(codec: str, quality: int, layout: str, first: int, frames: np.ndarray) -> bytes:
+    """Consecutive uint8 RGB ``frames`` (in ``layout``) as one independently decodable video segment whose
+    first frame is frame ``first`` of its chunk: a header, the packets' sizes, the packets (one closed GOP)."""
+    av = _av()
+    from fractions import Fraction
+
+    hwc = frames.transpose(0, 2, 3, 1) if layout == "CHW" else frames
+    h, w = hwc.shape[1:3]
+    if h % 2 or w % 2:  # yuv420p needs even sides: repeat the last row/column, cropped again on decode
+        hwc = np.pad(hwc, ((0, 0), (0, h % 2), (0, w % 2), (0, 0)), mode="edge")
+    encoder, _, _, options = _VIDEO[codec]
+    ctx = av.CodecContext.create(encoder, "w")
+    ctx.width, ctx.height, ctx.pix_fmt = hwc.shape[2], hwc.shape[1], "yuv420p"
+    ctx.time_base, ctx.framerate, ctx.gop_size = Fraction(1, 30), Fraction(30, 1), max(1, len(hwc))
+    ctx.thread_count = 1  # chunks are encoded in parallel by the pool
+    ctx.options = {**options, "crf": str(crf(codec, quality))}
+    packets: list[bytes] = []
+    for i, frame in enumerate(hwc):
+        vf = av.VideoFrame.from_ndarray(np.ascontiguousarray(frame), format="rgb24")
+        vf.pts = i
+        packets += [bytes(p) for p in ctx.encode(vf)]
+    packets += [bytes(p) for p in ctx.encode(None)]
+    sizes = np.array([len(p) for p in packets], "<u4").tobytes()
+    return _SEGMENT.pack(_MAGIC, first, len(hwc), len(packets)) + sizes + b"".join(packets)
+
+
+def _video_decoder(conf: dict[str, Any], chunk_shape: tuple[int, ...]) -> Callable[[bytes], np.ndarray]:
+    av = _av()
+    layout = conf.get("layout", "HWC")
+    decoder = {"h264": "h264", "av1": "libdav1d"}.get(conf.get("codec", ""))
+    if decoder is None:
+        raise ValueError(f"video codec {conf.get('codec')!r} is not episodelake's")
+    frame_shape = chunk_shape[1:] if layout == "HWC" else (*chunk_shape[2:], chunk_shape[1])
+    h, w = frame_shape[:2]
+
+    def segment(blob: memoryview, at: int, out: np.ndarray) -> int:
+        magic, first, n, count = _SEGMENT.unpack_from(blob, at)
+        if magic != _MAGIC or first + n > len(out):
+            raise ValueError(f"not a video segment (frames {first}..{first + n} of a {len(out)}-frame chunk)")
+        at += _SEGMENT.size
+        sizes = np.frombuffer(blob, "<u4", count, at).tolist()
+        at += 4 * count
+        ctx = av.CodecContext.create(decoder, "r")
+        ctx.thread_count = 1
+        got = 0
+        for size in [*sizes, None]:
+            packet = None if size is None else av.Packet(bytes(blob[at : at + size]))
+            at += size or 0
+            for frame in ctx.decode(packet):
+                if got < n:
+                    out[first + got] = frame.to_ndarray(format="rgb24")[:h, :w]
+                got += 1
+        if got != n:
+            raise ValueError(f"video segment decodes to {got} frames, expected {n}")
+        return at
+
+    def run(blob: bytes) -> np.ndarray:
+        out = np.zeros((chunk_shape[0], *frame_shape), np.uint8)
+        view, at = memoryview(blob), 0
+        while at < len(view):  # later segments (appended) overwrite frames they share with earlier ones
+            at = segment(view, at, out)
+        return out.transpose(0, 3, 1, 2) if layout == "CHW" else out
+
+    return run
+
+
+def encode_frame(codec: str, quality: int, layout: str, frame: np.ndarray) -> bytes:
+    """One uint8 frame (in ``layout``) as ``codec`` bytes."""
+    imagecodecs = optional("imagecodecs")
+    hwc = np.ascontiguousarray(frame.transpose(1, 2, 0) if layout == "CHW" else frame)
+    if hwc.shape[2] == 1 and codec == "jpeg":
+        hwc = hwc[:, :, 0]
+    if codec == "jpeg":
+        return bytes(imagecodecs.jpeg8_encode(hwc, level=quality, subsampling="444"))
+    if codec == "webp":
+        return bytes(imagecodecs.webp_encode(hwc, level=quality, lossless=False, method=4))
+    return bytes(imagecodecs.avif_encode(hwc, level=quality, speed=AVIF_SPEED, numthreads=1))
+
+
+def _image_decoder(codec: str, layout: str, shape: tuple[int, ...]) -> Callable[[bytes], np.ndarray]:
+    imagecodecs = optional("imagecodecs")
+    decoders: dict[str, Callable[..., np.ndarray]] = {
+        "jpeg": imagecodecs.jpeg8_decode,
+        "webp": imagecodecs.webp_decode,
+        "avif": imagecodecs.avif_decode,
+    }
+    decode = decoders[codec]
+
+    def run(blob: bytes) -> np.ndarray:
+        img = decode(blob) if codec != "avif" else decode(blob, numthreads=1)
+        if img.ndim == 2:
+            img = img[:, :, None]
+        return img.transpose(2, 0, 1) if layout == "CHW" else img
+
+    return run
+
+
+def chunk_decoder(
+    codecs: Sequence[dict[str, Any]], chunk_shape: tuple[int, ...], dtype: np.dtype
+) -> Callable[[bytes], np.ndarray]:
+    """Decoder of one inner chunk stored with the Zarr v3 ``codecs`` (what we write): bytes -> ``chunk_shape`` array.
+
+    ``ValueError`` for a chain we never write (the message names it). The
+    decoder raises ``ValueError`` for bytes that do not decode to the chunk.
+    """
+    names = [c.get("name") for c in codecs]
+    little = dtype.newbyteorder("<")
+    want = int(np.prod(chunk_shape)) * dtype.itemsize
+    if names == ["episodelake_video"]:
+        video = _video_decoder(codecs[0].get("configuration") or {}, chunk_shape)
+
+        def chunk(blob: bytes) -> np.ndarray:
+            try:
+                return video(blob)
+            except Exception as exc:  # PyAV raises its own error types, struct and NumPy theirs for short bytes
+                raise ValueError(f"undecodable video chunk: {exc}") from exc
+
+        return chunk
+    if len(names) == 1 and str(names[0]).startswith("imagecodecs_"):
+        conf = codecs[0].get("configuration") or {}
+        image = _image_decoder(str(names[0])[len("imagecodecs_") :], conf.get("layout", "HWC"), chunk_shape)
+
+        def lossy(blob: bytes) -> np.ndarray:
+            try:
+                frame = image(blob)
+            except Exception as exc:  # imagecodecs raises its own per-codec error types
+                raise ValueError(f"undecodable frame: {exc}") from exc
+            if frame.shape != chunk_shape[1:]:
+                raise ValueError(f"frame decodes to shape {frame.shape}, expected {chunk_shape[1:]}")
+            return frame[None]
+
+        return lossy
+    if not names or names[0] != "bytes" or len(names) > 2 or names[1:] not in ([], ["zstd"], ["blosc"]):
+        raise ValueError(f"codecs {names} are not episodelake's")
+
+    inflate: Callable[[bytes], Any] | None = None
+    if names[1:] == ["zstd"]:
+        import pyarrow as pa
+
+        zstd = pa.Codec("zstd")
+        inflate = partial(zstd.decompress, decompressed_size=want)
+    elif names[1:] == ["blosc"]:
+        inflate = partial(optional("imagecodecs").blosc_decode, numthreads=1)
+
+    def lossless(blob: bytes) -> np.ndarray:
+        raw: Any = blob
+        if inflate is not None:
+            try:
+                raw = inflate(blob)
+            except Exception as exc:  # pyarrow and imagecodecs raise their own error types
+                raise ValueError(f"undecodable chunk: {exc}") from exc
+        if len(raw) != want:
+            raise ValueError(f"chunk holds {len(raw)} bytes, expected {want}")
+        return np.frombuffer(raw, little).reshape(chunk_shape)
+
+    return lossless
+
+
+class ChunkCache:
+    """Decoded chunks by key, the least recently used dropped past ``limit`` bytes (thread-safe).
+
+    One per process (:data:`decoded_cache`): a warm random sampler of a
+    compressed field then copies decoded rows instead of decoding them again,
+    as a raw field's reads copy from the page cache. Keys name immutable
+    bytes (see ``PlainArray``), so an entry never goes stale.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.nbytes = 0
+        self._items: OrderedDict[Hashable, np.ndarray] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable | None) -> np.ndarray | None:
+        if key is None:
+            return None
+        with self._lock:
+            found = self._items.get(key)
+            if found is not None:
+                self._items.move_to_end(key)
+            return found
+
+    def put(self, key: Hashable | None, chunk: np.ndarray) -> None:
+        if key is None or chunk.nbytes > self.limit:
+            return
+        chunk.flags.writeable = False  # shared by every later batch
+        with self._lock:
+            old = self._items.pop(key, None)
+            self.nbytes += chunk.nbytes - (0 if old is None else old.nbytes)
+            self._items[key] = chunk
+            while self.nbytes > self.limit:
+                self.nbytes -= self._items.popitem(last=False)[1].nbytes
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+            self.nbytes = 0
+
+
+# bytes of decoded chunks a process keeps (``EPISODELAKE_DECODED_CACHE_MB``, default 256; 0 turns it off)
+decoded_cache = ChunkCache(int(float(os.environ.get("EPISODELAKE_DECODED_CACHE_MB", "256")) * (1 << 20)))
+
+_POOL: tuple[int, ThreadPoolExecutor] | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def codec_pool() -> ThreadPoolExecutor:
+    """The process's thread pool for encoding and decoding chunks (one per process: a forked child builds its own)."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None or _POOL[0] != os.getpid():
+            _POOL = (os.getpid(), ThreadPoolExecutor(max(1, min(8, os.cpu_count() or 1)), "episodelake-decode"))
+        return _POOL[1]
+
+
+def _reset_after_fork() -> None:
+    global _POOL_LOCK
+    _POOL_LOCK = threading.Lock()  # a parent thread may have held it at fork time
+    decoded_cache._lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+def register_zarr_codecs() -> None:
+    """Register the lossy frame and video codecs with zarr-python 3 so ``zarr.open_array`` reads episodelake's
+    lossy arrays.
+
+    Requires ``zarr>=3``; reading only (zarr-python cannot write them).
+    """
+    from dataclasses import dataclass
+
+    from zarr.abc.codec import ArrayBytesCodec
+    from zarr.core.buffer import default_buffer_prototype
+    from zarr.registry import register_codec
+
+    for codec in IMAGE:
+
+        @dataclass(frozen=True)
+        class _Frame(ArrayBytesCodec):
+            quality: int = 0
+            layout: str = "HWC"
+            name = f"imagecodecs_{codec}"
+            is_fixed_size = False
+
+            @classmethod
+            def from_dict(cls, data: dict[str, Any]) -> Any:
+                return cls(**(data.get("configuration") or {}))
+
+            def to_dict(self) -> dict[str, Any]:
+                return {"name": self.name, "configuration": {"quality": self.quality, "layout": self.layout}}
+
+            async def _decode_single(self, chunk_bytes: Any, chunk_spec: Any) -> Any:
+                decode = chunk_decoder([self.to_dict()], tuple(chunk_spec.shape), np.dtype("uint8"))
+                frame = decode(chunk_bytes.to_bytes())
+                return default_buffer_prototype().nd_buffer.from_numpy_array(frame)
+
+            async def _encode_single(self, chunk_array: Any, chunk_spec: Any) -> Any:
+                raise NotImplementedError("episodelake writes lossy arrays itself")
+
+            def compute_encoded_size(self, input_byte_length: int, chunk_spec: Any) -> int:
+                raise NotImplementedError
+
+        register_codec(f"imagecodecs_{codec}", _Frame)
+
+    @dataclass(frozen=True)
+    class _Video(ArrayBytesCodec):
+        configuration: tuple[tuple[str, Any], ...] = ()
+        name = "episodelake_video"
+        is_fixed_size = False
+
+        @classmethod
+        def from_dict(cls, data: dict[str, Any]) -> Any:
+            return cls(tuple(sorted((data.get("configuration") or {}).items())))
+
+        def to_dict(self) -> dict[str, Any]:
+            return {"name": self.name, "configuration": dict(self.configuration)}
+
+        async def _decode_single(self, chunk_bytes: Any, chunk_spec: Any) -> Any:
+            decode = chunk_decoder([self.to_dict()], tuple(chunk_spec.shape), np.dtype("uint8"))
+            return default_buffer_prototype().nd_buffer.from_numpy_array(decode(chunk_bytes.to_bytes()))
+
+        async def _encode_single(self, chunk_array: Any, chunk_spec: Any) -> Any:
+            raise NotImplementedError("episodelake writes video arrays itself")
+
+        def compute_encoded_size(self, input_byte_length: int, chunk_spec: Any) -> int:
+            raise NotImplementedError
+
+    register_codec("episodelake_video", _Video)

@@ -1,0 +1,182 @@
+"""Video codecs (``codec="video:h264" | "video:av1"``): one closed GOP per inner chunk, segments appended to a
+partly filled GOP, odd frame sizes, random segments against whole-episode reads, S3, copies and vacuum.
+Every-reader checks (fork/spawn DataLoader workers, zarr-python) are in test_codecs.py's ``EVERY_CODEC``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import zlib
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import episodelake as el
+from episodelake import codecs
+from episodelake.location import resolve
+from episodelake.store import Store
+from episodelake.tensors import tensors_size
+
+from .test_codecs import camera_schema, episode, frames_of, smooth_frames, write
+
+
+def decode(codec: str, quality: int, layout: str, frames: int, shape: tuple[int, ...], blob: bytes) -> np.ndarray:
+    chain = [codecs.lossy_codec(codec, quality, layout)]
+    return codecs.chunk_decoder(chain, (frames, *shape), np.dtype("uint8"))(blob)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    codec=st.sampled_from(codecs.VIDEO),
+    quality=st.integers(1, 100),
+    h=st.integers(8, 48),
+    w=st.integers(8, 48),
+    layout=st.sampled_from(["HWC", "CHW"]),
+    n=st.integers(1, 10),
+    first=st.integers(0, 5),
+    seed=st.integers(0, 2**31),
+)
+def test_video_segments_keep_their_floor_and_appending_keeps_earlier_frames(
+    codec, quality, h, w, layout, n, first, seed
+):
+    """Any size (odd ones padded for yuv420p and cropped back) decodes to exactly its shape, within the declared
+    floor from 32 x 32 pixels on; a second segment appended to the chunk replaces only the frames from its offset."""
+    rng = np.random.default_rng(seed)
+    hwc = smooth_frames(rng, first + n, h, w)
+    frames = hwc.transpose(0, 3, 1, 2).copy() if layout == "CHW" else hwc
+    shape, G = frames.shape[1:], first + n
+    one = codecs.encode_segment(codec, quality, layout, 0, frames)
+    alone = decode(codec, quality, layout, G, shape, one)
+    assert alone.shape == (G, *shape) and alone.dtype == np.uint8
+    floor = codecs.psnr_floor(codec, quality) if min(h, w) >= 32 else 10.0
+    assert min(codecs.psnr(a, b) for a, b in zip(frames, alone, strict=True)) >= floor
+    later = frames[first:][:, ::-1].copy()  # other frames for the same rows
+    both = decode(codec, quality, layout, G, shape, one + codecs.encode_segment(codec, quality, layout, first, later))
+    np.testing.assert_array_equal(both[:first], alone[:first])
+    assert min(codecs.psnr(a, b) for a, b in zip(later, both[first:], strict=True)) >= floor
+
+
+def test_undecodable_video_chunk_is_a_value_error():
+    frames = smooth_frames(np.random.default_rng(0), 4, 16, 16)
+    blob = codecs.encode_segment("video:h264", 60, "HWC", 0, frames)
+    with pytest.raises(ValueError, match="not a video segment"):
+        decode("video:h264", 60, "HWC", 4, (16, 16, 3), b"XXXX" + blob[4:])
+    with pytest.raises(ValueError, match="undecodable video chunk"):
+        decode("video:h264", 60, "HWC", 4, (16, 16, 3), blob[:20])
+    with pytest.raises(ValueError, match=r"frames 3\.\.7 of a 4-frame chunk"):
+        decode("video:h264", 60, "HWC", 4, (16, 16, 3), codecs.encode_segment("video:h264", 60, "HWC", 3, frames))
+
+
+@pytest.mark.parametrize("codec", codecs.VIDEO)
+def test_random_segments_equal_whole_episode_reads(tmp_path, codec):
+    """Episodes appended over five commits (GOPs of 5 split across commits): sampled segments, decoded cold
+    and warm, hold exactly the frames of whole-episode reads; the write-time CRC-32s still match."""
+    rng = np.random.default_rng(3)
+    raw = [smooth_frames(rng, n + 1, 32, 33) for n in (6, 12, 3, 17, 9, 4, 11, 8, 13, 2)]
+    schema = camera_schema((32, 33, 3), codec=codec, chunk_rows=5)
+    ds = write(str(tmp_path / "ds"), schema, [episode(r) for r in raw], commits=5)
+    assert ds.validate().problems == []  # CRCs computed at write of earlier commits still match after appends
+    whole = dict(zip(ds.episode_ids.tolist(), frames_of(ds), strict=True))
+    for r, g in zip(raw, whole.values(), strict=True):
+        assert min(codecs.psnr(a, b) for a, b in zip(r, g, strict=True)) >= codecs.psnr_floor(
+            codec, codecs.DEFAULT_QUALITY[codec]
+        )
+    for warm in (False, True):
+        if not warm:
+            codecs.decoded_cache.clear()
+        stream = el.Dataset.open(str(tmp_path / "ds")).segment_stream(sequence_length=6, batch_size=16, seed=7)
+        seen = 0
+        for batch, _i in zip(stream, range(4), strict=False):
+            for b, (eid, start) in enumerate(zip(batch.episode_id.tolist(), batch.start.tolist(), strict=True)):
+                want = whole[eid][start : start + 7]  # shorter at an episode's end (the batch pads)
+                np.testing.assert_array_equal(batch.all_obs[b][: len(want)], want)
+                seen += 1
+        assert seen == 64
+
+
+def test_video_on_s3(s3_server, s3_url):
+    raw = [smooth_frames(np.random.default_rng(6), n + 1, 32, 32) for n in (5, 9, 70)]
+    ds = el.Dataset.create(camera_schema(codec="video:av1"), s3_url, storage_options=s3_server.storage_options)
+    ds.append_episodes([episode(r) for r in raw[:2]])
+    ds.flush()
+    ds.append_episodes([episode(raw[2])])  # a second commit array: 71 frames, two shards of four 16-frame GOPs
+    ds.close()
+    again = el.Dataset.open(s3_url, storage_options=s3_server.storage_options)
+    for r, g in zip(raw, frames_of(again), strict=True):
+        assert min(codecs.psnr(a, b) for a, b in zip(r, g, strict=True)) >= codecs.psnr_floor("video:av1", 55)
+    assert again.validate().problems == []
+
+
+def test_copy_to_video_and_back(tmp_path):
+    """A raw field chunked by 4096 rows becomes a video field with the default 16-frame GOP, and back exactly."""
+    rng = np.random.default_rng(4)
+    raw = [smooth_frames(rng, n + 1, 32, 32) for n in (20, 35)]
+    src = write(str(tmp_path / "src"), camera_schema(chunk_rows=4096), [episode(r) for r in raw])
+    video = src.copy_to(str(tmp_path / "h264"), codecs={"observation/camera": "video:h264"})
+    f = video.schema["observation/camera"]
+    assert (f.codec, f.quality, f.rows_per_chunk) == ("video:h264", 60, 16)
+    got = frames_of(video)
+    for r, g in zip(raw, got, strict=True):
+        assert min(codecs.psnr(a, b) for a, b in zip(r, g, strict=True)) >= codecs.psnr_floor("video:h264", 60)
+    stats = video.stats(["observation/camera"])["observation/camera"]
+    np.testing.assert_array_equal(stats["min"], np.concatenate(got).min(axis=(0, 1, 2)))
+    assert [zlib.crc32(g.data) for g in got] == [int(c) for c in video.snapshot().index["crc/observation/camera"]]
+    assert video.validate().problems == []
+    assert tensors_size(video.location) * 10 < tensors_size(src.location)
+    writer = str(video.snapshot().index["writer"][0])
+    meta = json.loads((tmp_path / "h264" / "tensors" / writer / "observation" / "camera" / "zarr.json").read_text())
+    conf = meta["codecs"][0]["configuration"]
+    assert conf["chunk_shape"] == [16, 32, 32, 3]
+    assert conf["codecs"][0]["name"] == "episodelake_video"
+    assert conf["codecs"][0]["configuration"] | {"crf": 20} == {
+        "codec": "h264",
+        "encoder": "libx264",
+        "decoder": "h264",
+        "quality": 60,
+        "crf": 20,
+        "pix_fmt": "yuv420p",
+        "layout": "HWC",
+        "format": "segments-v1",
+    }
+    back = video.copy_to(str(tmp_path / "back"), codecs={"observation/camera": None})
+    for a, b in zip(got, frames_of(back), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_vacuum_cuts_inside_a_gop_and_later_appends_replace_the_cut_frames(tmp_path):
+    path = str(tmp_path / "ds")
+    rng = np.random.default_rng(0)
+    raw = [smooth_frames(rng, n + 1, 32, 32) for n in (5, 9)]  # 16 frames: the cut falls inside GOP 2 of 6
+    ds = write(path, camera_schema(codec="video:h264", chunk_rows=6), [episode(r) for r in raw])
+    before = frames_of(ds)
+    store = Store.open(resolve(path, {}))
+    f, writer = store.schema["observation/camera"], str(ds.snapshot().index["writer"][0])
+    orphan = store.open_array(writer, f, read_only=False)
+    orphan.append_block(smooth_frames(rng, 7, 32, 32))[1].result()  # a lost commit, into the partly filled GOP
+    report = el.Dataset.open(path).vacuum(retention_hours=0)
+    assert report.unreferenced_rows == 7 and store.open_array(writer, f).rows == 16
+    last = smooth_frames(rng, 9, 32, 32)
+    again = store.open_array(writer, f, read_only=False)
+    at, done = again.append_block(again.round_trip(last))  # at row 16, inside GOP 2 again
+    done.result()
+    assert at == 16
+    rows = store.open_array(writer, f).read(0, 25).result()
+    np.testing.assert_array_equal(rows[:16], np.concatenate(before))
+    assert min(codecs.psnr(a, b) for a, b in zip(last, rows[16:], strict=True)) >= codecs.psnr_floor("video:h264", 60)
+    fresh = el.Dataset.open(path)
+    for a, b in zip(before, frames_of(fresh), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert fresh.validate().problems == []
+
+
+def test_zarr_python_without_registration_names_the_video_codec(tmp_path):
+    """A fresh interpreter that never called ``register_zarr_codecs`` cannot open a video array, and says why."""
+    schema = camera_schema(codec="video:h264")
+    ds = write(str(tmp_path / "ds"), schema, [episode(smooth_frames(np.random.default_rng(0), 5, 32, 32))])
+    where = tmp_path / "ds" / "tensors" / str(ds.snapshot().index["writer"][0]) / "observation" / "camera"
+    script = f"import zarr\ntry:\n    zarr.open_array({str(where)!r}, mode='r')\nexcept Exception as e:\n    print(e)\n"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert "Unknown codec: 'episodelake_video'" in done.stdout
