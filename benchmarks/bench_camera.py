@@ -46,6 +46,8 @@ from typing import Any
 
 import numpy as np
 
+from bench_sampling import drop_page_cache  # benchmarks/ is on sys.path when run as a script
+
 B, L = 32, 16
 STORAGES: dict[str, dict[str, Any]] = {
     "raw": {},
@@ -61,6 +63,8 @@ STORAGES: dict[str, dict[str, Any]] = {
     "h264-80-gop32": {"codec": "video:h264", "quality": 80, "chunk_rows": 32},
     "av1-70": {"codec": "video:av1", "quality": 70},
     "av1-70-gop32": {"codec": "video:av1", "quality": 70, "chunk_rows": 32},
+    "h264-76-gop32": {"codec": "video:h264", "quality": 76, "chunk_rows": 32},
+    "av1-66-gop32": {"codec": "video:av1", "quality": 66, "chunk_rows": 32},
 }
 
 
@@ -103,17 +107,6 @@ def load_frames(root: str, size: int, episodes: int, steps: int) -> tuple[np.nda
 
 
 # ---- page cache
-
-
-def drop_page_cache(root: str) -> None:
-    os.sync()
-    for dirpath, _, files in os.walk(root):
-        for name in files:
-            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
 
 
 def du(root: str) -> int:

@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 import episodelake as el
+from bench_query import timed as median_ms  # benchmarks/ is on sys.path when run as a script
 from episodelake import table
 
 CAMERAS = ("cam_left", "cam_right", "cam_wrist")
@@ -58,15 +59,6 @@ def paper_schema(frame: tuple[int, int, int] = (96, 128, 3)) -> el.DatasetSchema
 
 def dir_bytes(path: Path, suffix: str = "") -> int:
     return sum(p.stat().st_size for p in path.rglob(f"*{suffix}") if p.is_file())
-
-
-def median_ms(fn, repeats: int = 5) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
 
 
 def bench_table(root: Path, episodes: int) -> None:
