@@ -13,8 +13,8 @@ a LeRobot v3 dataset (``LeRobotDataset.create`` + ``add_frame`` +
 * episodelake, raw: that dataset imported (``import_dataset("lerobot", ...)``,
   frames decoded once, stored raw), ``segment_stream(sequence_length=L,
   batch_size=B, prefetch=0).sample()``;
-* episodelake, ``--codec`` (e.g. ``jpeg``): imported with
-  ``camera_options={"codec": ...}``, same sampling;
+* episodelake, each ``--codec`` (e.g. ``jpeg`` or ``video:h264@76``): imported
+  with ``camera_options={"codec": ..., "quality": ...}``, same sampling;
 * LeRobot loader on ``to_lerobot``'s export of the imported dataset.
 
 Printed per row: bytes per frame (camera storage only), PSNR against the
@@ -119,7 +119,13 @@ def main() -> None:
     parser.add_argument("--episode-length", type=int, default=100)
     parser.add_argument("--seconds", type=float, default=10.0, help="warm sampling time per system")
     parser.add_argument("--vcodec", choices=["libsvtav1", "h264"], default="libsvtav1")
-    parser.add_argument("--codec", default=None, help="also import with FieldSpec codec= (e.g. jpeg)")
+    parser.add_argument(
+        "--codec",
+        action="append",
+        default=[],
+        help="also import with FieldSpec codec=, optionally @quality (e.g. jpeg, video:h264@76); repeatable",
+    )
+    parser.add_argument("--chunk-rows", type=int, default=0, help="chunk_rows (video: GOP length) of --codec fields")
     parser.add_argument("-B", type=int, default=32)
     parser.add_argument("-L", type=int, default=16)
     args = parser.parse_args()
@@ -161,8 +167,14 @@ def main() -> None:
             )
         )
         variants = [("episodelake raw (imported)", {})]
-        if args.codec:
-            variants.append((f"episodelake {args.codec} (imported)", {"codec": args.codec}))
+        for codec in args.codec:
+            name, *quality = codec.rsplit("@", 1)
+            options: dict[str, object] = {"codec": name}
+            if quality:
+                options["quality"] = int(quality[0])
+            if args.chunk_rows:
+                options["chunk_rows"] = args.chunk_rows
+            variants.append((f"episodelake {codec} (imported)", options))
         imported = None
         for name, options in variants:
             dst = work / f"el-{len(rows)}"
