@@ -175,18 +175,21 @@ def encode_segment(codec: str, quality: int, layout: str, first: int, frames: np
     return _SEGMENT.pack(_MAGIC, first, len(hwc), len(packets)) + sizes + b"".join(packets)
 
 
-_THREAD = threading.local()
+# (pid, thread) -> that thread's YUV -> RGB converter. Never freed: a thread-local would be freed in a forked
+# child for the parent's pool threads, and freeing a scaler whose slice threads did not survive fork hangs.
+_REFORMATTERS: dict[tuple[int, int], Any] = {}
 
 
 def _reformatter() -> Any:
     """This thread's YUV -> RGB converter: it keeps its scaler between frames and chunks (a frame's own
     ``to_ndarray(format=...)`` sets one up per call, over half of a small chunk's decode time); the
     output is identical."""
-    if not hasattr(_THREAD, "reformatter"):
+    key = (os.getpid(), threading.get_ident())
+    if key not in _REFORMATTERS:
         from av.video.reformatter import VideoReformatter
 
-        _THREAD.reformatter = VideoReformatter()
-    return _THREAD.reformatter
+        _REFORMATTERS[key] = VideoReformatter()
+    return _REFORMATTERS[key]
 
 
 def _video_decoder(conf: dict[str, Any], chunk_shape: tuple[int, ...]) -> Callable[[bytes], np.ndarray]:
