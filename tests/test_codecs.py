@@ -449,16 +449,18 @@ def test_zarr_python_reads_every_codec(every_codec):
         np.testing.assert_array_equal(arr[:], want)
 
 
-def test_lossy_dataset_on_s3(s3_server, s3_url):
+@pytest.mark.parametrize(("codec", "quality"), [("webp", 90), ("video:av1", 55)])
+def test_lossy_dataset_on_s3(s3_server, s3_url, codec, quality):
+    """Images: a second commit array of two 64-frame shards; video: 71 frames in two shards of 16-frame GOPs."""
     raw = [smooth_frames(np.random.default_rng(6), n + 1, 32, 32) for n in (5, 9, 70)]
-    ds = el.Dataset.create(camera_schema(codec="webp"), s3_url, storage_options=s3_server.storage_options)
+    ds = el.Dataset.create(camera_schema(codec=codec), s3_url, storage_options=s3_server.storage_options)
     ds.append_episodes([episode(r) for r in raw[:2]])
     ds.flush()
-    ds.append_episodes([episode(raw[2])])  # a second commit array, two shards of 64 frames
+    ds.append_episodes([episode(raw[2])])
     ds.close()
     again = el.Dataset.open(s3_url, storage_options=s3_server.storage_options)
     for r, g in zip(raw, frames_of(again), strict=True):
-        assert min(codecs.psnr(a, b) for a, b in zip(r, g, strict=True)) >= codecs.psnr_floor("webp", 90)
+        assert min(codecs.psnr(a, b) for a, b in zip(r, g, strict=True)) >= codecs.psnr_floor(codec, quality)
     assert again.validate().problems == []
 
 

@@ -97,19 +97,6 @@ def test_random_segments_equal_whole_episode_reads(tmp_path, codec):
         assert seen == 64
 
 
-def test_video_on_s3(s3_server, s3_url):
-    raw = [smooth_frames(np.random.default_rng(6), n + 1, 32, 32) for n in (5, 9, 70)]
-    ds = el.Dataset.create(camera_schema(codec="video:av1"), s3_url, storage_options=s3_server.storage_options)
-    ds.append_episodes([episode(r) for r in raw[:2]])
-    ds.flush()
-    ds.append_episodes([episode(raw[2])])  # a second commit array: 71 frames, two shards of four 16-frame GOPs
-    ds.close()
-    again = el.Dataset.open(s3_url, storage_options=s3_server.storage_options)
-    for r, g in zip(raw, frames_of(again), strict=True):
-        assert min(codecs.psnr(a, b) for a, b in zip(r, g, strict=True)) >= codecs.psnr_floor("video:av1", 55)
-    assert again.validate().problems == []
-
-
 def test_copy_to_video_and_back(tmp_path):
     """A raw field chunked by 4096 rows becomes a video field with the default 16-frame GOP, and back exactly."""
     rng = np.random.default_rng(4)
