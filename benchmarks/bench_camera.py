@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from bench_sampling import drop_page_cache  # benchmarks/ is on sys.path when run as a script
+from bench_sampling import drop_page_cache, memmap_sampler  # benchmarks/ is on sys.path when run as a script
 
 B, L = 32, 16
 STORAGES: dict[str, dict[str, Any]] = {
@@ -189,26 +189,6 @@ def build_memmap(root: str, frames: np.ndarray, actions: np.ndarray) -> dict[str
     }
 
 
-def memmap_sampler(root: str) -> Callable[[], object]:
-    import torch
-    from memmap_replay_buffer import ReplayBuffer, ReplayDatasetTimeWindow
-
-    torch.set_num_threads(1)
-    buf = ReplayBuffer.from_folder(root, read_only=True)
-    loader = buf.dataloader(B, dataset=ReplayDatasetTimeWindow(buf, window_length=L + 1), shuffle=True)
-    it = iter(loader)
-
-    def sample() -> object:
-        nonlocal it
-        try:
-            return next(it)
-        except StopIteration:
-            it = iter(loader)
-            return next(it)
-
-    return sample
-
-
 def measure(kind: str, root: str, seconds: float, cold_batches: int) -> dict[str, float]:
     """Warm and cold segments/s of one store (in this fresh interpreter).
 
@@ -216,7 +196,7 @@ def measure(kind: str, root: str, seconds: float, cold_batches: int) -> dict[str
     from the page cache and opening it. Warm: the best of five windows of
     ``seconds / 5`` each (the best resists other processes' bursts on a shared machine).
     """
-    opener = memmap_sampler if kind == "memmap" else lake_sampler
+    opener = partial(memmap_sampler, batch=B, length=L) if kind == "memmap" else lake_sampler
     drop_page_cache(root)
     t = time.perf_counter()
     sample = opener(root)

@@ -79,6 +79,30 @@ def lake_dict(e: dict[str, np.ndarray]) -> dict:
     }
 
 
+def memmap_sampler(root: str, batch: int, length: int) -> Callable[[], object]:
+    """memmap-replay-buffer's own loader of random windows of ``length`` transitions (``length + 1`` frames)."""
+    import torch
+    from memmap_replay_buffer import ReplayBuffer, ReplayDatasetTimeWindow
+
+    # its best setting here: with torch's default 2 intra-op threads its batch collation
+    # (torch.stack) runs ~10x slower on a busy 2-core machine
+    torch.set_num_threads(1)
+
+    buf = ReplayBuffer.from_folder(root, read_only=True)
+    loader = buf.dataloader(batch, dataset=ReplayDatasetTimeWindow(buf, window_length=length + 1), shuffle=True)
+    it = iter(loader)
+
+    def sample() -> object:
+        nonlocal it
+        try:
+            return next(it)
+        except StopIteration:
+            it = iter(loader)
+            return next(it)
+
+    return sample
+
+
 # ---- page cache control
 
 
@@ -230,26 +254,7 @@ class MemmapReplayBuffer(System):
         return time.perf_counter() - t
 
     def open(self) -> Callable[[], object]:
-        import torch
-        from memmap_replay_buffer import ReplayBuffer, ReplayDatasetTimeWindow
-
-        # its best setting here: with torch's default 2 intra-op threads its batch collation
-        # (torch.stack) runs ~10x slower on a busy 2-core machine
-        torch.set_num_threads(1)
-
-        buf = ReplayBuffer.from_folder(self.root, read_only=True)
-        loader = buf.dataloader(B, dataset=ReplayDatasetTimeWindow(buf, window_length=L + 1), shuffle=True)
-        it = iter(loader)
-
-        def sample():
-            nonlocal it
-            try:
-                return next(it)
-            except StopIteration:
-                it = iter(loader)
-                return next(it)
-
-        return sample
+        return memmap_sampler(self.root, B, L)
 
 
 class Episodata(System):
