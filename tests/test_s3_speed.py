@@ -122,6 +122,24 @@ def test_reads_through_30ms_latency_are_exact(lakes, s3_server):
         assert proxy.gets > 0
 
 
+@pytest.mark.parametrize("kind", ["raw", "zstd"])
+def test_whole_episode_reads_take_the_planned_path_through_the_disk_cache(lakes, s3_server, tmp_path, kind):
+    """EpisodeRef.read and to_numpy on S3 read through the planned reader: a second dataset object sharing the
+    cache_dir reads every episode again without one tensor GET."""
+    ds, raw = lakes[kind]
+    with LatencyProxy(s3_server.endpoint) as proxy:
+        opts = proxy.storage_options(s3_server.storage_options)
+        for attempt in range(2):
+            s3 = open_s3(ds, opts, cache_dir=tmp_path / "cache")
+            proxy.reset()
+            for i, ep in enumerate(raw):
+                np.testing.assert_array_equal(s3.episode(i).read().all_obs["camera"], ep.obs["camera"])
+            whole = s3.to_numpy()
+            tensor_gets = sum("/tensors/" in line for line, _ in proxy.log)
+            assert (tensor_gets > 0) if attempt == 0 else (tensor_gets == 0), (attempt, tensor_gets)
+    np.testing.assert_array_equal(whole["observation/camera"], np.concatenate([ep.obs["camera"] for ep in raw]))
+
+
 def test_a_second_process_downloads_nothing_already_cached(lakes, s3_server, tmp_path):
     ds, _ = lakes["raw"]
     opts = s3_server.storage_options

@@ -227,12 +227,7 @@ class TensorField:
             opened[a] = ChunkFiles.probe(snap.loc, writer, f) if local_single else None
         rest = [a for a, src in opened.items() if src is None]
         try:
-            wanted = [self.arrays[a] for a in rest]
-            # object stores: the planned reader (batched, coalesced, cached byte ranges) in every process
-            found = (
-                PlainArray.open_many(snap.loc, wanted, f) if not snap.loc.is_local else snap.tensor_arrays(f, wanted)
-            )
-            for a, arr in zip(rest, found, strict=True):
+            for a, arr in zip(rest, snap.tensor_arrays(f, [self.arrays[a] for a in rest]), strict=True):
                 opened[a] = arr
         except CorruptionError as exc:
             eid = int(snap.index["episode_id"][np.flatnonzero(np.isin(self.array_of, rest))[0]])

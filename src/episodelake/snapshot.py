@@ -537,18 +537,22 @@ class Snapshot:
 
         A process forked from one that used TensorStore reads through
         :class:`~episodelake.tensors.PlainArray` instead, and so does every
-        process for compressed and lossy fields (chunks decoded in a thread
-        pool and kept in the decoded-chunk cache); handles opened before a
-        fork are never used after it.
+        process for object stores (planned byte ranges through the read cache)
+        and for compressed and lossy fields (chunks decoded in a thread pool
+        and kept in the decoded-chunk cache); handles opened before a fork are
+        never used after it.
         """
         if self._arrays_pid != os.getpid():  # forked: a parent thread may have held the lock at fork time
             self._lock = threading.Lock()
             self._arrays, self._arrays_pid = {}, os.getpid()
         with self._lock:
             missing = list(dict.fromkeys(a for a in arrays if (*a, f.key) not in self._arrays))
-            # compressed chunks decode in a thread pool into the decoded-chunk cache (codecs.ChunkCache)
-            if not engine_usable() or f.lossy or f.compression is not None:
-                opened: list[TensorArray | PlainArray] = [PlainArray(self.loc, w, f, c) for w, c in missing]
+            # object stores: planned, coalesced byte ranges through the read cache; compressed chunks decode in a
+            # thread pool into the decoded-chunk cache (codecs.ChunkCache)
+            if not engine_usable() or f.lossy or f.compression is not None or not self.loc.is_local:
+                opened: list[TensorArray | PlainArray] = list(
+                    PlainArray.open_many(self.loc, missing, f) if missing else []
+                )
             elif missing:
                 if self._context is None:
                     self._context = make_context()

@@ -682,7 +682,14 @@ def read_many(requests: Sequence[tuple[TensorArray | PlainArray, int, int]]) -> 
     for arr, start, stop in requests:
         if stop > arr.rows:
             raise CorruptionError(f"{arr.where}: rows [{start}, {stop}) requested but the array has {arr.rows} rows")
-    futures = [arr.read(start, stop) for arr, start, stop in requests]
+    planned: dict[str, list[int]] = {}  # field key -> requests read by the planned reader, in one fetch round
+    for i, (arr, _, _) in enumerate(requests):
+        if isinstance(arr, PlainArray):
+            planned.setdefault(arr.field.key, []).append(i)
+    futures: list[Any] = [None if isinstance(arr, PlainArray) else arr.read(a, b) for arr, a, b in requests]
+    for group in planned.values():
+        for i, value in zip(group, _read_planned([requests[i] for i in group]), strict=True):
+            futures[i] = _Ready(value)
     out, failure = [], None
     for future in futures:
         try:
@@ -692,3 +699,16 @@ def read_many(requests: Sequence[tuple[TensorArray | PlainArray, int, int]]) -> 
     if failure is not None:
         raise failure
     return out
+
+
+def _read_planned(requests: Sequence[tuple[TensorArray | PlainArray, int, int]]) -> list[np.ndarray]:
+    """Row ranges of planned-reader arrays of one field, every byte range fetched in one round."""
+    field = requests[0][0].field
+    ends = np.cumsum([stop - start for _, start, stop in requests])
+    flat = np.empty((int(ends[-1]) if len(ends) else 0, *field.shape), field.np_dtype)
+    runs: dict[int, tuple[PlainArray, list[Run]]] = {}
+    for (arr, start, stop), end in zip(requests, ends, strict=True):
+        assert isinstance(arr, PlainArray)
+        runs.setdefault(id(arr), (arr, []))[1].append((int(end) - (stop - start), start, stop - start, -1))
+    copy_runs_many(list(runs.values()), flat)
+    return np.split(flat, ends[:-1])
