@@ -21,6 +21,7 @@ from .errors import (
     QueryError,
     ReadOnlyError,
     SchemaError,
+    StorageError,
     StreamStoppedError,
     ValidationError,
 )
@@ -60,6 +61,7 @@ __all__ = [
     "RoleView",
     "SchemaError",
     "Segment",
+    "StorageError",
     "StreamStoppedError",
     "ValidationError",
     "VectorEpisodeWriter",

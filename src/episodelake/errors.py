@@ -68,3 +68,24 @@ class StreamStoppedError(EpisodeLakeError, RuntimeError):
 
 class MissingDependencyError(EpisodeLakeError, ImportError):
     """An optional dependency a call needs is not installed; the message names the extra to install."""
+
+
+class StorageError(EpisodeLakeError, OSError):
+    """The storage under a dataset failed: endpoint unreachable, permission denied, disk full, read-only, timed out.
+
+    Nothing is known to be damaged (that is :class:`CorruptionError`). ``errno`` is set where the fault has one
+    (``ENOSPC``, ``EACCES``, ``EROFS``, ``ETIMEDOUT``, ``ECONNREFUSED``); ``dataset`` and ``object`` name where it
+    happened; the original exception is chained as ``__cause__``.
+    """
+
+    def __init__(self, message: str, *, errno: int | None = None, dataset: str = "", object: str = "") -> None:
+        if errno is None:
+            super().__init__(message)
+        else:
+            super().__init__(errno, message)
+        self.message = message
+        self.dataset = dataset
+        self.object = object
+
+    def __str__(self) -> str:
+        return self.message
