@@ -27,7 +27,16 @@ LeRobot's default) or ``"h264"``, ``yuv420p``, ``crf`` and keyframe interval
 ``gop`` as LeRobot's defaults (30, 2). Other fields must be scalars or 1-D.
 ``timestamp`` is ``frame_index / fps``. Tasks: the per-step ``task_index``
 and task list recorded by the importer, else the meta field ``task``, else
-the ``task`` argument. ``stats.json`` holds min, max, mean, std and count
+the ``task`` argument.
+
+What LeRobot's format cannot say is recorded for the importer, so a round
+trip gives back the schema it started from: ``info.json`` gets an
+``"episodelake"`` entry, ``{"fields": {feature key: FieldSpec JSON},
+"meta": {name: FieldSpec JSON}}`` (every exported step field's shape,
+dtype, layout and codec or compression: a ``(1,)`` action stays ``(1,)``, a
+jpeg camera stays jpeg), and every meta field is a column
+``meta/<name>`` of ``meta/episodes`` (LeRobot keeps extra columns there and
+ignores them). ``stats.json`` holds min, max, mean, std and count
 per feature (images per channel in ``[0, 1]``, as LeRobot computes them);
 quantiles and per-episode statistics are not written.
 """
@@ -61,13 +70,15 @@ from .importers.lerobot import (
     VIDEO_PATH,
 )
 from .progress import track
-from .schema import FieldSpec
+from .schema import DatasetSchema, FieldSpec
 
 if TYPE_CHECKING:
     from .dataset import EpisodeCollection
 
 VCODECS = ("libsvtav1", "h264")
 CHUNKS_SIZE = 1000  # files per chunk folder, as LeRobot
+RECORD = "episodelake"  # info.json entry: the fields and meta fields the LeRobot features stand for
+META_COLUMN = "meta/{name}"  # a meta field's column in meta/episodes (meta names hold no "/")
 
 
 def is_camera(f: FieldSpec) -> bool:
@@ -249,6 +260,20 @@ def _tasks_table(tasks: list[str]) -> pa.Table:
     return table.replace_schema_metadata({"pandas": json.dumps(pandas_meta)})
 
 
+def _plain(value: Any) -> Any:
+    """A meta value as Arrow takes it: None, or Python scalars and lists."""
+    return None if value is None else np.asarray(value).tolist()
+
+
+def _episodes_table(rows: list[dict[str, Any]], schema: DatasetSchema) -> pa.Table:
+    """``meta/episodes``: one row per episode; meta columns typed by their fields, so an all-null one keeps its type."""
+    meta = {META_COLUMN.format(name=f.name): f.arrow_type() for f in schema.meta_fields}
+    table = pa.Table.from_pylist([{k: v for k, v in row.items() if k not in meta} for row in rows])
+    for name, typ in meta.items():
+        table = table.append_column(pa.field(name, typ), pa.array([row[name] for row in rows], typ))
+    return table
+
+
 def _column(values: np.ndarray, shape: tuple[int, ...]) -> pa.Array:
     """A feature's frames as a Parquet column: scalars plain, 1-D values as fixed-size lists."""
     if shape in ((), (1,)):
@@ -324,13 +349,19 @@ def to_lerobot(
         ("task_index", "int64"),
     ):
         features[name] = {"dtype": dtype, "shape": [1], "names": None}
+    # bookkeeping columns that stand for fields of an imported dataset (its timestamp, per-step task_index)
+    regenerated = {recorded[f.key]: f for f in schema.step_fields if f not in fields}
+    record = {
+        "fields": {k: f.to_json() for k, f in [*((keys[f.key], f) for f in fields), *regenerated.items()]},
+        "meta": {f.name: f.to_json() for f in schema.meta_fields},
+    }
 
     root.mkdir(parents=True)
     try:
         options = _Options(
             fps, task, vcodec, crf, gop, robot_type, data_files_size_in_mb, video_files_size_in_mb, progress
         )
-        _write(collection, root, fields, keys, features, options, source)
+        _write(collection, root, fields, keys, features, options, source, record)
     except BaseException:
         shutil.rmtree(root, ignore_errors=True)  # all or nothing: no half-written dataset stays behind
         raise
@@ -345,6 +376,7 @@ def _write(
     features: dict[str, dict[str, Any]],
     options: _Options,
     source: Mapping[str, Any],
+    record: dict[str, Any],
 ) -> None:
     """Write the data, videos and metadata files of :func:`to_lerobot` into the new folder ``root``."""
     schema = collection.schema
@@ -428,6 +460,7 @@ def _write(
                 row.update(videos[f.key].append(hwc))
                 stats[keys[f.key]].add(hwc, (0, 1, 2))
             row.update({"meta/episodes/chunk_index": 0, "meta/episodes/file_index": 0})
+            row.update({META_COLUMN.format(name=f.name): _plain(ep.meta.get(f.name)) for f in schema.meta_fields})
             rows.append(row)
             for k, v in {**frames, **bookkeeping}.items():
                 if features[k]["dtype"] != "video":
@@ -444,7 +477,7 @@ def _write(
     pq.write_table(_tasks_table(task_list), root / TASKS_PATH)
     episodes_path = root / EPISODES_PATH.format(chunk_index=0, file_index=0)
     episodes_path.parent.mkdir(parents=True)
-    pq.write_table(pa.Table.from_pylist(rows), episodes_path)
+    pq.write_table(_episodes_table(rows, schema), episodes_path)
     for f in cameras:
         features[keys[f.key]]["info"] = videos[f.key].info()
     info = {
@@ -461,6 +494,7 @@ def _write(
         "data_path": DATA_PATH,
         "video_path": VIDEO_PATH if cameras else None,
         "features": features,
+        RECORD: record,
     }
     (root / INFO_PATH).write_text(json.dumps(info, indent=4))
     out_stats = {}

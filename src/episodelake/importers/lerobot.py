@@ -19,6 +19,19 @@ it led to), and is truncated when the dataset has ``next.done`` (it ended in
 no terminal state), neither flag without it. :func:`episodelake.lerobot_export.to_lerobot` writes the mirror
 image, so episodes round-trip exactly.
 
+A folder written by :func:`episodelake.lerobot_export.to_lerobot` carries
+the schema it came from (``info.json``'s ``"episodelake"`` entry: the
+FieldSpec behind each feature, and the meta fields with their
+``meta/<name>`` columns in ``meta/episodes``). It then imports as exactly
+that schema: every field's name, shape (a ``(1,)`` field stays ``(1,)``),
+dtype, layout and codec or compression (a jpeg camera is stored as jpeg
+again), and every meta field with its value; nothing is added (no
+``timestamp``, which the export wrote only because LeRobot needs it; no
+``task`` or ``source_episode`` unless the source had them).
+``camera_options`` that set ``codec`` or ``compression`` replace the
+recorded codec, compression and quality; others are applied over the
+record. Any other folder maps by the rules below.
+
 Features map to fields by key: ``observation.<a>.<b>`` -> observation
 ``<a>/<b>``; ``action`` (and ``action.<a>``) -> action; ``next.reward`` ->
 the reward (all zeros when the source has none: episodelake needs one, and
@@ -57,6 +70,10 @@ from ..dataset import Dataset
 from ..errors import ArgumentError, SchemaError, ValidationError
 from ..schema import DatasetSchema, FieldSpec
 from . import SOURCE_EPISODE, action_out_episode, write_import
+
+RECORD = "episodelake"  # info.json entry written by to_lerobot: {"fields": {key: spec}, "meta": {name: spec}}
+META_COLUMN = "meta/{name}"  # a recorded meta field's column in meta/episodes
+STORAGE_CHOICES = ("codec", "compression")  # camera_options that replace the recorded storage of a camera
 
 INFO_PATH = "meta/info.json"
 TASKS_PATH = "meta/tasks.parquet"
@@ -128,6 +145,27 @@ class LeRobotSource:
         table = pa.concat_tables([t.select(names) for t in tables], promote_options="permissive")
         self.episodes = sorted(table.to_pylist(), key=lambda e: e["episode_index"])
         self._data: tuple[Path, dict[int, pa.Table]] | None = None
+        self.record_fields, self.record_meta = self._record(info_path, names)
+
+    def _record(
+        self, info_path: Path, columns: list[str]
+    ) -> tuple[dict[str, dict[str, Any]] | None, dict[str, FieldSpec] | None]:
+        """What ``to_lerobot`` recorded: the field spec (JSON) behind each feature key, and the meta fields."""
+        record = self.info.get(RECORD)
+        if record is None:
+            return None, None
+        try:
+            fields = {str(k): dict(v) for k, v in record["fields"].items()}
+            meta = {str(k): FieldSpec.from_json(v) for k, v in record["meta"].items()}
+        except (KeyError, TypeError, AttributeError, ValueError, SchemaError) as exc:
+            raise ValidationError(f"{info_path}: {RECORD!r} entry is not a valid field record: {exc}") from exc
+        unknown = sorted(set(fields) - set(self.features))
+        if unknown:
+            raise ValidationError(f"{info_path}: {RECORD!r} records fields for features {unknown} that are not there")
+        missing = sorted(n for n in meta if META_COLUMN.format(name=n) not in columns)
+        if missing:
+            raise ValidationError(f"{self.root / EPISODES_DIR}: no column for the recorded meta field(s) {missing}")
+        return fields, meta
 
     @property
     def video_keys(self) -> list[str]:
@@ -261,6 +299,33 @@ class VideoCursor:
         return np.stack([got[i] for i in nearest])
 
 
+def _importable(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """A recorded FieldSpec (JSON) as a field to write: a derived column of the source is plain data here."""
+    return {k: v for k, v in spec.items() if k != "derived"}
+
+
+def _camera_spec(
+    key: str,
+    feature: Mapping[str, Any],
+    recorded: Mapping[str, Mapping[str, Any]] | None,
+    camera_options: Mapping[str, Any],
+) -> FieldSpec:
+    """The field of a camera feature: the recorded spec (its codec kept unless ``camera_options`` choose a
+    codec or compression), else a ``uint8`` field in the layout its ``names`` spell; ``camera_options`` on top."""
+    if recorded is not None and key in recorded:
+        base = _importable(recorded[key])
+        if any(k in camera_options for k in STORAGE_CHOICES):
+            base = {k: v for k, v in base.items() if k not in (*STORAGE_CHOICES, "quality")}
+    else:
+        role, name = field_of(key)
+        base = {"name": name, "shape": feature_shape(feature, key), "dtype": "uint8", "role": role}
+        base["layout"] = camera_layout(feature)
+    try:
+        return FieldSpec.from_json({**base, **camera_options})
+    except TypeError as exc:
+        raise ArgumentError(f"camera_options: {exc}") from exc
+
+
 def load(
     src: str | os.PathLike,
     dst: str | None = None,
@@ -275,6 +340,7 @@ def load(
         raise ArgumentError(f"tolerance_s must be positive, got {tolerance_s!r}")
     source = LeRobotSource(src)
     camera_options = dict(camera_options or {})
+    recorded = source.record_fields
     fields: list[FieldSpec] = []
     keys: dict[str, str] = {}  # field key -> LeRobot feature key
     skipped: list[str] = []
@@ -282,37 +348,43 @@ def load(
         dtype = feature["dtype"]
         if key in BOOKKEEPING or key in (REWARD, DONE):
             continue
+        if recorded is not None and key == TIMESTAMP and key not in recorded:
+            continue  # to_lerobot wrote it because LeRobot needs one; the source had no such field
         if dtype in CAMERA_DTYPES:
-            role, name = field_of(key)
-            try:
-                spec = FieldSpec(
-                    name,
-                    feature_shape(feature, key),
-                    "uint8",
-                    role=role,
-                    layout=camera_layout(feature),
-                    **camera_options,
-                )
-            except TypeError as exc:
-                raise ArgumentError(f"camera_options: {exc}") from exc
+            spec = _camera_spec(key, feature, recorded, camera_options)
         elif not _numeric(dtype):
             skipped.append(key)
             continue
+        elif recorded is not None and key in recorded:
+            spec = FieldSpec.from_json(_importable(recorded[key]))
         else:
             role, name = field_of(key)
             spec = FieldSpec(name, feature_shape(feature, key), dtype, role=role)
         fields.append(spec)
         keys[spec.key] = key
     has_reward = REWARD in source.features
-    fields.append(FieldSpec("reward", (), source.features[REWARD]["dtype"] if has_reward else "float32", role="reward"))
-    keys["reward"] = REWARD
+    if recorded is not None and REWARD in recorded:
+        reward = FieldSpec.from_json(_importable(recorded[REWARD]))
+    else:
+        reward = FieldSpec("reward", (), source.features[REWARD]["dtype"] if has_reward else "float32", role="reward")
+    fields.append(reward)
+    keys[reward.key] = REWARD
     if not any(f.role == "action" for f in fields):
         raise SchemaError(f"{src}: the LeRobot dataset has no action feature; episodelake needs one")
-    multi_task = any(len(e.get("tasks") or []) > 1 for e in source.episodes)
-    if multi_task:
-        fields.append(FieldSpec("task_index", (), "int64", role="observation"))
-        keys["observation/task_index"] = "task_index"
-    schema = DatasetSchema([*fields, TASK, SOURCE_EPISODE])
+    task_field: FieldSpec | None = None  # the field that gets the per-frame task_index, if any
+    if recorded is not None:
+        task_field = FieldSpec.from_json(_importable(recorded["task_index"])) if "task_index" in recorded else None
+    elif any(len(e.get("tasks") or []) > 1 for e in source.episodes):
+        task_field = FieldSpec("task_index", (), "int64", role="observation")
+    if task_field is not None:
+        fields.append(task_field)
+        keys[task_field.key] = "task_index"
+    meta = (
+        [FieldSpec.from_json(_importable(f.to_json())) for f in source.record_meta.values()]
+        if source.record_meta is not None
+        else [TASK, SOURCE_EPISODE]
+    )
+    schema = DatasetSchema([*fields, *meta])
     # a one-frame episode that cannot say it ended has no transition to keep
     skipped_episodes = (
         [] if DONE in source.features else [e["episode_index"] for e in source.episodes if e["length"] == 1]
@@ -327,7 +399,7 @@ def load(
                 index = int(episode["episode_index"])
                 if index in skip:
                     continue
-                yield _episode(source, episode, index, step_fields, keys, has_reward, multi_task, cursors, tolerance_s)
+                yield _episode(source, episode, index, step_fields, keys, reward, task_field, cursors, tolerance_s)
         finally:
             for cursor in cursors.values():
                 cursor.close()
@@ -365,12 +437,15 @@ def _episode(
     index: int,
     step_fields: list[FieldSpec],
     keys: Mapping[str, str],
-    has_reward: bool,
-    multi_task: bool,
+    reward_field: FieldSpec,
+    task_field: FieldSpec | None,
     cursors: dict[tuple[str, Path], VideoCursor],
     tolerance_s: float,
 ) -> dict[str, Any]:
-    """One LeRobot episode as a dict-form episode (action-out conversion, see the module doc)."""
+    """One LeRobot episode as a dict-form episode (action-out conversion, see the module doc).
+
+    ``task_field``: the field that gets the per-frame ``task_index``, if any.
+    """
     rows = source.frames(episode)
     n = rows.num_rows
     where = f"episode {index}"
@@ -409,12 +484,13 @@ def _episode(
                     f"{where}, feature {key!r}: frames of shape {array.shape[1:]}, declared {f.shape}"
                 )
         values[f.role][f.name] = array
-    if multi_task:
-        values["observation"]["task_index"] = rows.column("task_index").to_numpy().astype(np.int64)
+    if task_field is not None:
+        task_index = rows.column("task_index").to_numpy().astype(task_field.np_dtype)
+        values[task_field.role][task_field.name] = task_index
     reward = (
-        column_array(rows.column(REWARD), (), source.features[REWARD]["dtype"], f"{where}, feature {REWARD!r}")
-        if has_reward
-        else np.zeros(n, np.float32)
+        column_array(rows.column(REWARD), reward_field.shape, reward_field.dtype, f"{where}, feature {REWARD!r}")
+        if REWARD in source.features
+        else np.zeros(n, reward_field.np_dtype)
     )
     terminated = truncated = False
     if DONE in source.features:
@@ -424,15 +500,18 @@ def _episode(
             raise ValidationError(f"{where}, frame {early[0]}: {DONE!r} is set before the episode's last frame")
         terminated = bool(done[-1])
         truncated = not terminated  # it says it did not end in a terminal state, yet it ended
-    task = source.tasks.get(int(rows.column("task_index")[0].as_py()))
+    if source.record_meta is not None:
+        meta = {name: episode[META_COLUMN.format(name=name)] for name in source.record_meta}
+    else:
+        meta = {"task": source.tasks.get(int(rows.column("task_index")[0].as_py())), "source_episode": index}
     converted = action_out_episode(
         values["observation"],
         values["action"],
-        {"reward": reward},
+        {reward_field.name: reward},
         extras=values["extra"],
         terminated=terminated,
         truncated=truncated,
-        meta={"task": task, "source_episode": index},
+        meta=meta,
         where=where,
     )
     if converted is None:
