@@ -20,12 +20,22 @@ Contracts:
   commits nothing; at exit each is named in one line on stderr.
 * Each commit computes exact per-channel statistics and a CRC-32 per episode
   and tensor field on the way.
+* A storage fault (full disk, read-only file system, permission denied, an
+  unreachable store) raises :class:`StorageError` naming the dataset, the
+  object and the cause, chained to the library's own error; the episodes stay
+  pending (nothing of the failed commit is visible) and a later commit takes
+  them. A writer is refused at once on a local file system mounted read-only
+  or not writable. A commit that fails at exit prints one line on stderr
+  naming the episodes that were not committed and why (the exit status is the
+  script's own).
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
+import errno
 import functools
 import math
 import os
@@ -42,14 +52,15 @@ import numpy as np
 import pyarrow as pa
 
 from .episode import EpisodeBatch, FinishedEpisode, batch_of, concat_batches
-from .errors import EpisodeStateError, ReadOnlyError, ValidationError
+from .errors import EpisodeStateError, ReadOnlyError, StorageError, ValidationError
+from .faults import quiet_panics, storage_fault
 from .frames import FrameArray
 from .schema import DatasetSchema, FieldSpec, to_storage
 from .stats import STAT_PARTS, has_stats, stat_column
 from .store import Store
 from .summary import TASK_BYTES, BatchSummary, run_inline, summarize
 from .table import arrow_schema
-from .tensors import TensorArray
+from .tensors import TensorArray, array_parts
 
 
 class HeldEpisode(Protocol):
@@ -208,7 +219,8 @@ def _commit_at_exit() -> None:
         try:
             sink.commit()
         except Exception as exc:  # one failing dataset must not keep the others from committing
-            print(f"episodelake: commit at exit failed for {sink.store.location.url}: {exc!r}", file=sys.stderr)
+            # One line, no traceback: which episodes are lost and why (a StorageError says it in plain words).
+            print(f"episodelake: not committed at exit: {sink.describe_pending()}: {exc}", file=sys.stderr)
 
 
 # threading's exit hooks run before concurrent.futures shuts its pools down (atexit runs after).
@@ -233,6 +245,7 @@ class CommitSink:
     ) -> None:
         if store.read_only:
             raise ReadOnlyError(f"dataset {store.location.url} is open read-only")
+        _check_writable(store)
         self.store = store
         self.schema = store.schema
         self.commit_episodes = commit_episodes
@@ -316,6 +329,18 @@ class CommitSink:
             self.arrays[f.key] = self.store.new_array(self.name, f)
         return self.arrays[f.key]
 
+    def describe_pending(self) -> str:
+        """The pending episodes in words: how many, the dataset and writer, each one's length and meta."""
+        batch = self._pending_batch()
+        shown = []
+        for i in range(min(len(batch), _NAMED_AT_EXIT)):
+            meta = {name: values[i].tolist() if hasattr(values[i], "tolist") else values[i]
+                    for name, (values, valid) in batch.meta.items() if valid[i]}
+            shown.append(f"{int(batch.lengths[i])} steps {meta}")
+        more = f", and {len(batch) - len(shown)} more" if len(batch) > len(shown) else ""
+        return (f"{len(batch)} finished episode(s) of writer {self.name} in {self.store.location.url} "
+                f"({'; '.join(shown)}{more})")
+
     @_locked
     def discard(self) -> int:
         """Forget the pending episodes and those awaiting meta; returns how many were dropped."""
@@ -387,23 +412,73 @@ class CommitSink:
         return concat_batches(self.schema, parts)
 
     def _commit(self, batch: EpisodeBatch) -> int:
+        where = [""]  # the object being written, for the error of a storage fault
+        try:
+            return self._write(batch, where)
+        except Exception as exc:
+            err = storage_fault(exc, dataset=self.store.location.url, object=where[0],
+                                doing=f"committing {len(batch)} episode(s)")
+            if err is None:
+                raise
+            raise err from exc  # the episodes stay pending: nothing of this commit is referenced
+
+    def _write(self, batch: EpisodeBatch, where: list[str]) -> int:
+        # A copy: lossy fields replace their rows by the decoded frames, and a pending batch must keep
+        # the originals for the next try when this commit fails.
+        batch = dataclasses.replace(batch, data=dict(batch.data))
         writes = []
         refs: dict[str, np.ndarray] = {}
         for f in self.schema.tensor_fields:
+            where[0] = self.store.location.child_url(*array_parts(self.name, f))
             block = batch.data[f.key]
             arr = self._array(f)
             if isinstance(arr, FrameArray):  # checksums and statistics describe what reads return: decoded frames
                 block = batch.data[f.key] = arr.round_trip(block)
             base = arr.reserve(len(block))
-            writes.append(arr.write(base, block))
+            where[0] = arr.where
+            writes.append((arr.where, arr.write(base, block)))
             refs[f.key] = base + batch.row_starts(f)[:-1]
         summary = summarize(self.schema, batch, _run_pooled if batch.nbytes >= TASK_BYTES else run_inline)
-        for w in writes:
-            w.result()
+        failed: tuple[str, Exception] | None = None
+        for array, w in writes:  # every write is awaited, so none is left in flight when one failed
+            try:
+                w.result()
+            except Exception as exc:
+                failed = failed or (array, exc)
+        if failed is not None:
+            where[0] = failed[0]
+            raise failed[1]
         ids = (self.number << 32) | np.arange(self.seq, self.seq + len(batch), dtype=np.int64)
         rows = build_rows(self.schema, batch, summary, self.name, ids, refs)
-        version = self.store.append(rows)  # evicts in the same commit when the dataset has a capacity
+        where[0] = self.store.location.delta_uri()
+        with quiet_panics():  # a failed table write makes deltalake's runtime print a panic report
+            version = self.store.append(rows)  # evicts in the same commit when the dataset has a capacity
         self.seq += len(batch)
         self._forget_pending()
         self.store.committed()
         return version
+
+
+_NAMED_AT_EXIT = 20  # pending episodes described one by one in the exit line
+
+
+def _check_writable(store: Store) -> None:
+    """Refuse a writer on a local dataset root that is read-only or not writable (:class:`StorageError`).
+
+    Checked when the writer starts, so a collection loop fails before recording, not at its first commit.
+    Object stores tell only when a write is refused (then the commit raises the fault).
+    """
+    loc = store.location
+    if not loc.is_local or loc.ephemeral:
+        return
+    root = loc.path
+    if os.statvfs(root).f_flag & os.ST_RDONLY:
+        code, why = errno.EROFS, "the file system is read-only"
+    elif not os.access(root, os.W_OK):
+        code, why = errno.EACCES, "permission denied"
+    else:
+        return
+    raise StorageError(
+        f"cannot write to dataset {loc.url}: {why}; open it with read_only=True to read it",
+        errno=code, dataset=loc.url, object=root,
+    )
