@@ -29,6 +29,7 @@ from .commit import CommitSink
 from .copy import KEEP
 from .episode import rows_for
 from .errors import ArgumentError, ReadOnlyError
+from .faults import storage_fault
 from .location import Location, resolve
 from .retention import Capacity, check_ids
 from .schema import DatasetSchema, FieldSpec, infer_schema
@@ -582,15 +583,22 @@ class Dataset(EpisodeCollection):
         same atomic commit (see docs/replay.md); stored with the dataset.
         Fields declared ``derived=True`` become derived columns (``update``).
         """
-        store = Store.create(
-            resolve(path, dict(storage_options or {})),
-            schema.base if isinstance(schema, DatasetSchema) else schema,
-            partition_by=partition_by,
-            overwrite=overwrite,
-            durable=durable,
-            info=info,
-            capacity=Capacity.parse(capacity),
-        )
+        location = resolve(path, dict(storage_options or {}))
+        try:
+            store = Store.create(
+                location,
+                schema.base if isinstance(schema, DatasetSchema) else schema,
+                partition_by=partition_by,
+                overwrite=overwrite,
+                durable=durable,
+                info=info,
+                capacity=Capacity.parse(capacity),
+            )
+        except Exception as exc:  # a full disk or a read-only root: StorageError, not deltalake's own words
+            err = storage_fault(exc, dataset=location.url, object=location.url, doing="creating the dataset")
+            if err is None:
+                raise
+            raise err from exc
         if schema.derived_fields:
             from .derived import declare
 

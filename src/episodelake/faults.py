@@ -42,8 +42,9 @@ _WORDS = {_errno.ENOSPC: "no space left on the device", _errno.EDQUOT: "no space
           _errno.EROFS: "the file system is read-only", _errno.EACCES: "permission denied",
           _errno.EPERM: "permission denied", _errno.ETIMEDOUT: "the storage did not answer in time",
           _errno.ECONNREFUSED: "the storage endpoint is unreachable"}
-# The OS error number as TensorStore (os_error_code='28'), Rust (os error 28) and Python ([Errno 28]) print it.
-_OS_CODE = re.compile(r"os_error_code='(\d+)'|os error (\d+)\b|\[errno (\d+)\]")
+# The OS error number as TensorStore (os_error_code='28'), Rust (os error 28; Os { code: 28, ...) and Python
+# ([Errno 28]) print it.
+_OS_CODE = re.compile(r"os_error_code='(\d+)'|os error (\d+)\b|os \{ code: (\d+),|\[errno (\d+)\]")
 _RESOURCE_EXHAUSTED = "resource_exhausted"
 
 
