@@ -15,6 +15,11 @@ the end) in one call, answered as read-only buffers in the same order.
   shared by the node's processes, or a per-process memory cache. Only hits
   are served from it; misses are fetched, then stored.
 * :attr:`Fetcher.stats` counts requests, bytes received and cache hits.
+* Object-store requests retry and time out as the location's
+  :class:`~episodelake.location.StorageTimeouts` say; a request that still
+  fails (endpoint down, throttled past its retries, no answer within the
+  deadline) raises :class:`~episodelake.errors.StorageError` naming the
+  dataset and the object. A missing object stays ``FileNotFoundError``.
 
 One fetcher per location and process (:func:`fetcher`): a forked child builds
 its own (TensorStore handles and connections do not cross a fork).
@@ -25,6 +30,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -33,7 +39,8 @@ import numpy as np
 import tensorstore as ts
 
 from .diskcache import CacheConfig, DiskCache, MemoryCache
-from .engine import engine_usable, start_engine
+from .engine import engine_usable, start_engine, wait
+from .faults import storage_fault
 from .location import Location
 
 REQUESTS_IN_FLIGHT = 128  # TensorStore s3 requests in flight per process (its default is 32)
@@ -138,18 +145,36 @@ class Fetcher:
             paths, starts, ends = zip(*requests, strict=True)
             blobs = self.loc.fs.cat_ranges(list(paths), list(starts), list(ends), on_error="return")
             for path, blob in zip(paths, blobs, strict=True):
+                if isinstance(blob, FileNotFoundError):
+                    raise FileNotFoundError(f"{path}: {blob}")
                 if isinstance(blob, BaseException):
-                    raise FileNotFoundError(f"{path}: {blob}") if isinstance(blob, FileNotFoundError) else blob
+                    raise self._fault(blob, path) from blob
             return list(blobs)
         kv = self._kvstore()
         futures = [kv.read(path[len(self._root) :], byte_range=slice(start, end)) for path, start, end in requests]
-        out = []
+        out: list[bytes] = []
+        failed: tuple[BaseException, str] | None = None
+        until = time.monotonic() + self.loc.timeouts.deadline  # one deadline for the whole round
         for (path, _, _), future in zip(requests, futures, strict=True):
-            result = future.result()  # every future is awaited in order; none is left in flight on success
+            if failed is not None:  # none is left in flight after a failure
+                future.cancel()
+                continue
+            try:
+                result = wait(future, max(0.0, until - time.monotonic()))
+            except (ValueError, TimeoutError) as exc:
+                failed = (exc, path)
+                continue
             if result.state != "value":
                 raise FileNotFoundError(f"{self.loc.protocol}://{path} does not exist")
             out.append(result.value)
+        if failed is not None:
+            raise self._fault(*failed) from failed[0]
         return out
+
+    def _fault(self, exc: BaseException, path: str) -> BaseException:
+        """The error a failed read of ``path`` raises: a :class:`StorageError` for storage faults, else ``exc``."""
+        err = storage_fault(exc, dataset=self.loc.url, object=f"{self.loc.protocol}://{path}", doing="reading")
+        return exc if err is None else err
 
     def _kvstore(self) -> ts.KvStore:
         with self._lock:
@@ -176,14 +201,15 @@ def _context() -> ts.Context:
     return _CONTEXT
 
 
-_FETCHERS: dict[tuple[int, str, str, CacheConfig | None], Fetcher] = {}
+_FETCHERS: dict[tuple[int, str, str, str, CacheConfig | None], Fetcher] = {}
 _FETCHERS_LOCK = threading.Lock()
 
 
 def fetcher(loc: Location) -> Fetcher:
     """The process's :class:`Fetcher` for ``loc`` and its read cache (``loc.read_cache``)."""
     cache = loc.read_cache
-    key = (os.getpid(), loc.url, json.dumps(loc.storage_options, sort_keys=True, default=str), cache)
+    options = json.dumps(loc.storage_options, sort_keys=True, default=str)
+    key = (os.getpid(), loc.url, options, repr(loc.timeouts), cache)
     with _FETCHERS_LOCK:
         found = _FETCHERS.get(key)
         if found is None:

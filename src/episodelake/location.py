@@ -33,7 +33,8 @@ import pyarrow.fs as pafs
 
 from . import layout
 from .diskcache import CacheConfig
-from .errors import LocationError
+from .engine import http_stall_timeout
+from .errors import ArgumentError, LocationError
 
 SUPPORTED = ("local paths", "file://", "memory://", "s3://", "gs://")
 
@@ -41,6 +42,107 @@ SUPPORTED = ("local paths", "file://", "memory://", "s3://", "gs://")
 def _ram_dir() -> str:
     shm = Path("/dev/shm")
     return str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else tempfile.gettempdir()
+
+
+@dataclass(frozen=True)
+class StorageTimeouts:
+    """How long object-store requests may wait and how they retry; one policy for TensorStore, deltalake and fsspec.
+
+    Pass it as ``storage_options={"timeouts": StorageTimeouts(...)}`` (or a
+    dict of these fields, e.g. from a JSON ``--options``). Times are seconds.
+
+    * ``connect_timeout``: the longest wait for a connection (deltalake, fsspec).
+    * ``read_timeout``: the longest a request may go without receiving a byte
+      (deltalake's request timeout, fsspec's read timeout, TensorStore's
+      low-speed limit: process-wide, set by the first object-store dataset).
+    * ``max_retries``, ``initial_delay``, ``max_delay``: retries of a failed
+      request (refused connection, reset, 5xx such as ``503 SlowDown``) wait
+      ``initial_delay * 2**attempt`` capped at ``max_delay``, plus a random
+      jitter (TensorStore: up to ``initial_delay``; deltalake and botocore
+      draw the whole delay at random), so transient errors cost tens of
+      milliseconds, not seconds.
+    * ``deadline``: the longest one call waits for a request and its retries
+      (deltalake's ``retry_timeout``; TensorStore reads and opens are
+      abandoned after it, writes after it plus one second per MiB written);
+      then the call raises :class:`~episodelake.errors.StorageError`.
+
+    With the defaults a dead endpoint fails a call after about 16 s of
+    retries (TensorStore, deltalake) and at most :attr:`deadline` (60 s).
+    """
+
+    connect_timeout: float = 5.0
+    read_timeout: float = 30.0
+    max_retries: int = 10
+    initial_delay: float = 0.025
+    max_delay: float = 5.0
+    deadline: float = 60.0
+
+    def __post_init__(self) -> None:
+        for name in ("connect_timeout", "read_timeout", "initial_delay", "max_delay", "deadline"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+                raise ArgumentError(f"StorageTimeouts.{name} must be a number of seconds > 0, got {value!r}")
+        if isinstance(self.max_retries, bool) or not isinstance(self.max_retries, int) or self.max_retries < 0:
+            raise ArgumentError(f"StorageTimeouts.max_retries must be an int >= 0, got {self.max_retries!r}")
+        if self.max_delay < self.initial_delay:
+            raise ArgumentError(
+                f"StorageTimeouts.max_delay ({self.max_delay}) must be >= initial_delay ({self.initial_delay})"
+            )
+
+    @classmethod
+    def parse(cls, value: Any) -> StorageTimeouts:
+        """``value`` (None: the defaults, a :class:`StorageTimeouts`, or a dict of its fields) as a policy."""
+        if value is None:
+            return cls()
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, dict):
+            unknown = sorted(set(value) - set(cls.__dataclass_fields__))
+            if unknown:
+                raise ArgumentError(f"unknown timeouts option(s) {unknown}; known: {list(cls.__dataclass_fields__)}")
+            return cls(**value)
+        raise ArgumentError(f"timeouts must be a StorageTimeouts or a dict of its fields, got {value!r}")
+
+    def write_deadline(self, nbytes: int) -> float:
+        """Seconds a write of ``nbytes`` may take: :attr:`deadline` plus one second per MiB."""
+        return self.deadline + nbytes / (1 << 20)
+
+    def tensorstore_retries(self) -> dict[str, Any]:
+        """TensorStore's ``s3_request_retries``/``gcs_request_retries`` context resource."""
+        return {
+            "max_retries": self.max_retries,
+            "initial_delay": f"{self.initial_delay}s",
+            "max_delay": f"{self.max_delay}s",
+        }
+
+    def delta_options(self) -> dict[str, str]:
+        """deltalake (object_store) client and retry options."""
+        return {
+            "connect_timeout": f"{self.connect_timeout}s",
+            "timeout": f"{self.read_timeout}s",
+            "max_retries": str(self.max_retries),
+            "retry_timeout": f"{self.deadline}s",
+            "backoff_config.init_backoff": f"{self.initial_delay}s",
+            "backoff_config.max_backoff": f"{self.max_delay}s",
+            "backoff_config.base": "2",
+        }
+
+    def botocore_config(self) -> dict[str, Any]:
+        """``config_kwargs`` for s3fs (botocore): timeouts and as many retries as fit in :attr:`deadline`.
+
+        botocore's own backoff (random up to ``2**attempt`` s, at most 20 s) is
+        not configurable, so the retry count is the largest whose longest total
+        wait stays within the deadline (and within ``max_retries``).
+        """
+        retries, waited = 0, 0.0
+        while retries < self.max_retries and waited + min(2.0**retries, 20.0) <= self.deadline:
+            waited += min(2.0**retries, 20.0)
+            retries += 1
+        return {
+            "connect_timeout": self.connect_timeout,
+            "read_timeout": self.read_timeout,
+            "retries": {"max_attempts": retries + 1, "mode": "standard"},
+        }
 
 
 @dataclass
@@ -52,6 +154,7 @@ class Location:
     path: str
     storage_options: dict[str, Any] = field(default_factory=dict)
     ephemeral: bool = False
+    timeouts: StorageTimeouts = field(default_factory=StorageTimeouts)
     # where reads of this dataset's immutable objects are cached (object stores; set by Store.open)
     read_cache: CacheConfig | None = field(default=None, repr=False, compare=False)
 
@@ -59,7 +162,8 @@ class Location:
         # storage_options hold credentials: a repr (logs, tracebacks, notebooks) shows them redacted
         return (
             f"Location(url={self.url!r}, protocol={self.protocol!r}, path={self.path!r}, "
-            f"storage_options={redact(self.storage_options)!r}, ephemeral={self.ephemeral!r})"
+            f"storage_options={redact(self.storage_options)!r}, ephemeral={self.ephemeral!r}, "
+            f"timeouts={self.timeouts!r})"
         )
 
     @property
@@ -71,7 +175,10 @@ class Location:
         if self.is_local:
             return fsspec.filesystem("file")
         # Other processes write the same root: a cached listing would hide their files.
-        return fsspec.filesystem(self.protocol, **{"use_listings_cache": False, **self.storage_options})
+        opts: dict[str, Any] = {"use_listings_cache": False, **self.storage_options}
+        if self.protocol == "s3":  # bounded waits; the caller's own botocore settings win
+            opts["config_kwargs"] = {**self.timeouts.botocore_config(), **opts.get("config_kwargs", {})}
+        return fsspec.filesystem(self.protocol, **opts)
 
     def child(self, *parts: str) -> str:
         """Path (filesystem form, no scheme) of a file under the root."""
@@ -89,9 +196,9 @@ class Location:
         if self.is_local:
             return None
         if self.protocol == "s3":
-            return _s3_delta_options(self.storage_options)
+            return {**self.timeouts.delta_options(), **_s3_delta_options(self.storage_options)}
         if self.protocol == "gs":
-            return _gs_delta_options(self.storage_options)
+            return {**self.timeouts.delta_options(), **_gs_delta_options(self.storage_options)}
         raise LocationError(f"no Delta mapping for {self.protocol}://")
 
     def arrow_filesystem(self, *parts: str) -> pafs.FileSystem:
@@ -111,10 +218,14 @@ class Location:
         if self.is_local:
             return {"driver": "file", "path": sub}
         bucket, _, key = sub.partition("/")
+        http_stall_timeout(self.timeouts.read_timeout)
         if self.protocol == "s3":
-            return _s3_kvstore(bucket, key, self.storage_options)
+            spec = _s3_kvstore(bucket, key, self.storage_options)
+            spec["context"] = {"s3_request_retries": self.timeouts.tensorstore_retries()}
+            return spec
         if self.protocol == "gs":
-            return {"driver": "gcs", "bucket": bucket, "path": key}
+            retries = {"gcs_request_retries": self.timeouts.tensorstore_retries()}
+            return {"driver": "gcs", "bucket": bucket, "path": key, "context": retries}
         raise LocationError(f"no TensorStore mapping for {self.protocol}://")
 
     def exists(self, *parts: str) -> bool:
@@ -306,8 +417,11 @@ def resolve(url: str | os.PathLike[str] | None, storage_options: dict[str, Any] 
 
     Supported: local paths, ``file://``, ``memory://[name]`` (or None), ``s3://``
     and ``gs://``. Anything else raises :class:`LocationError` naming them.
+    ``storage_options["timeouts"]`` (a :class:`StorageTimeouts` or a dict of
+    its fields) bounds object-store waits; local datasets ignore it.
     """
     opts = dict(storage_options or {})
+    timeouts = StorageTimeouts.parse(opts.pop("timeouts", None))
     if url is None or str(url) == "memory://":
         url = f"memory://{uuid.uuid4().hex}"
     url = os.fspath(url)
@@ -331,7 +445,9 @@ def resolve(url: str | os.PathLike[str] | None, storage_options: dict[str, Any] 
     if scheme in ("s3", "s3a"):
         if not rest.strip("/"):
             raise LocationError(f"{url!r}: an s3:// URL needs a bucket")
-        return Location(url=f"s3://{rest.rstrip('/')}", protocol="s3", path=rest.rstrip("/"), storage_options=opts)
+        path = rest.rstrip("/")
+        return Location(url=f"s3://{path}", protocol="s3", path=path, storage_options=opts, timeouts=timeouts)
     if scheme in ("gs", "gcs"):
-        return Location(url=f"gs://{rest.rstrip('/')}", protocol="gs", path=rest.rstrip("/"), storage_options=opts)
+        path = rest.rstrip("/")
+        return Location(url=f"gs://{path}", protocol="gs", path=path, storage_options=opts, timeouts=timeouts)
     raise LocationError(f"unsupported location {url!r}; supported: {', '.join(SUPPORTED)}")

@@ -14,11 +14,12 @@ tells the subscribers (:meth:`Store.on_commit`) that the version moved.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
 import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError
@@ -36,9 +37,11 @@ from .errors import (
     CorruptionError,
     DatasetExistsError,
     DatasetNotFoundError,
+    EpisodeLakeError,
     ReadOnlyError,
     SchemaError,
 )
+from .faults import storage_fault
 from .frames import FrameArray
 from .location import Location
 from .retention import Capacity, Evictor
@@ -67,6 +70,21 @@ def read_cache(
     if cache_dir is None:
         return CacheConfig(None, cache_bytes, stamp)
     return CacheConfig(os.path.abspath(os.fspath(cache_dir)), cache_bytes or DEFAULT_DISK_CACHE_BYTES, stamp)
+
+
+@contextlib.contextmanager
+def storage_faults(location: Location, where: str, doing: str) -> Iterator[None]:
+    """Raise a storage fault inside the block (botocore, fsspec, OS errors) as a :class:`StorageError` naming
+    ``where``; other errors pass unchanged."""
+    try:
+        yield
+    except EpisodeLakeError:
+        raise
+    except Exception as exc:
+        err = storage_fault(exc, dataset=location.url, object=where, doing=doing)
+        if err is None:
+            raise
+        raise err from exc
 
 
 def _versions() -> dict[str, str]:
@@ -140,7 +158,9 @@ class Store:
                 raise SchemaError(f"partition_by {p!r} is not a meta field ({sorted(meta_names)})")
             if schema[p].shape != ():
                 raise SchemaError(f"partition_by {p!r} must be a scalar meta field")
-        if location.exists(layout.DESCRIPTOR):
+        with storage_faults(location, location.child_url(layout.DESCRIPTOR), "creating the dataset"):
+            exists = location.exists(layout.DESCRIPTOR)
+        if exists:
             if not overwrite:
                 raise DatasetExistsError(
                     f"a dataset already exists at {location.url}; pass overwrite=True to replace it"
@@ -185,15 +205,20 @@ class Store:
         :data:`DEFAULT_DISK_CACHE_BYTES`), else in memory when ``cache_bytes`` > 0.
 
         Raises :class:`DatasetNotFoundError` without a valid descriptor,
-        :class:`ArgumentError` for a bad or unknown version and
+        :class:`ArgumentError` for a bad or unknown version,
+        :class:`StorageError` when the storage cannot be reached (within the
+        location's :class:`~episodelake.location.StorageTimeouts`) and
         :class:`CorruptionError` naming the log entries that do not parse when
         the table log cannot be read.
         """
-        if not location.exists(layout.DESCRIPTOR):
-            raise DatasetNotFoundError(f"no episodelake dataset at {location.url} (missing {layout.DESCRIPTOR})")
         where = location.child_url(layout.DESCRIPTOR)
+        with storage_faults(location, where, "opening the dataset"):
+            found = location.exists(layout.DESCRIPTOR)
+            text = location.read_text(layout.DESCRIPTOR) if found else ""
+        if not found:
+            raise DatasetNotFoundError(f"no episodelake dataset at {location.url} (missing {layout.DESCRIPTOR})")
         try:
-            descriptor = json.loads(location.read_text(layout.DESCRIPTOR))
+            descriptor = json.loads(text)
         except json.JSONDecodeError as exc:
             raise DatasetNotFoundError(f"{where} is not valid JSON: {exc}") from exc
         if descriptor.get("format") != "episodelake" or descriptor.get("format_version") != FORMAT_VERSION:
@@ -203,6 +228,9 @@ class Store:
         try:
             table = EpisodeTable.open(location, version)
         except DeltaError as exc:  # the log itself is damaged: name the entries that do not parse
+            err = storage_fault(exc, dataset=location.url, object=location.delta_uri(), doing="opening the table")
+            if err is not None:
+                raise err from exc
             bad = "; ".join(f"{path}: {what}" for path, what in log_problems(location)) or "no unparseable entry found"
             raise CorruptionError(f"episode table log at {location.delta_uri()} cannot be read ({bad}): {exc}") from exc
         config = read_cache(location, descriptor, cache_bytes, cache_dir)

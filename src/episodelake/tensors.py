@@ -9,7 +9,8 @@ one-row chunks).
   ``tensors/<writer>/<field key>``; each commit appends at the current end.
 * Object stores: one array per commit at ``tensors/<writer>/<commit>/<field key>``
   (``commit`` = 1, 2, ... per writer), shaped exactly to the commit's rows and
-  written once. The sharding codec packs up to :data:`SHARD_CHUNKS` inner
+  written once, its chunks fitted to those rows (:func:`zarr_metadata`
+  ``fit``). The sharding codec packs up to :data:`SHARD_CHUNKS` inner
   chunks into one object, so a random segment read is a few byte-range GETs,
   no object is ever rewritten, and no array holds a row nobody wrote.
 * Local datasets with a capacity: one array per commit too (unsharded, its
@@ -24,6 +25,12 @@ Tensor rows are always written before the table commit that references them,
 so a crash leaves unreferenced rows (or a whole unreferenced commit array) and
 never a half episode.
 
+Object-store operations wait as the location's
+:class:`~episodelake.location.StorageTimeouts` allow; one that fails for a
+storage reason (endpoint down, throttled past its retries, no answer in time)
+raises :class:`~episodelake.errors.StorageError` naming the dataset and the
+array, never :class:`CorruptionError`.
+
 TensorStore aborts a process that uses it after ``fork()`` from a process that
 did. A forked process (a ``DataLoader`` worker, by default on Linux) therefore
 reads through :class:`PlainArray`: the same Zarr files decoded in Python
@@ -35,6 +42,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -43,8 +51,9 @@ import tensorstore as ts
 
 from . import codecs, layout
 from .engine import engine_usable as engine_usable  # snapshot asks tensors which reader to use
-from .engine import start_engine
+from .engine import start_engine, wait
 from .errors import CorruptionError, ValidationError
+from .faults import storage_fault
 from .fetch import Fetcher, Range, fetcher
 from .location import Location
 from .schema import FRAMES_PER_SHARD, FieldSpec
@@ -63,6 +72,49 @@ def make_context(durable: bool = False, cache_bytes: int = 0) -> ts.Context:
     return ts.Context(spec)
 
 
+def fault(exc: BaseException, loc: Location, where: str, doing: str) -> BaseException:
+    """What a failed TensorStore operation on ``where`` raises: a :class:`StorageError` for storage faults, else
+    ``exc`` (the caller decides whether that is corruption)."""
+    err = storage_fault(exc, dataset=loc.url, object=where, doing=doing)
+    return exc if err is None else err
+
+
+def await_op(future: Any, loc: Location, where: str, doing: str, nbytes: int = 0) -> Any:
+    """``future``'s result within the location's deadline (local stores: no deadline); storage faults raise
+    :class:`StorageError` (see :func:`fault`)."""
+    seconds = None if loc.is_local else loc.timeouts.write_deadline(nbytes)
+    try:
+        return future.result() if seconds is None else wait(future, seconds)
+    except (ValueError, TimeoutError) as exc:
+        raise fault(exc, loc, where, doing) from exc
+
+
+class Writes:
+    """Writes in flight, with a future's ``result()``: waits for all of them within one deadline.
+
+    A storage fault raises :class:`StorageError` naming the array; after a
+    failure the remaining writes are cancelled, so none is left in flight.
+    """
+
+    def __init__(self, futures: Sequence[Any], loc: Location, where: str, nbytes: int) -> None:
+        self.futures = list(futures)
+        self.loc, self.where, self.nbytes = loc, where, nbytes
+
+    def result(self) -> None:
+        until = None if self.loc.is_local else time.monotonic() + self.loc.timeouts.write_deadline(self.nbytes)
+        failed: BaseException | None = None
+        for f in self.futures:
+            if failed is not None:
+                f.cancel()
+                continue
+            try:
+                f.result() if until is None else wait(f, max(0.0, until - time.monotonic()))
+            except (ValueError, TimeoutError) as exc:
+                failed = exc
+        if failed is not None:
+            raise fault(failed, self.loc, self.where, "writing") from failed
+
+
 def split_ref(ref: int) -> tuple[int, int]:
     """``(commit, row)`` of a table reference."""
     return int(ref) >> COMMIT_SHIFT, int(ref) & ROW_MASK
@@ -73,11 +125,18 @@ def zarr_metadata(field: FieldSpec, sharded: bool, rows: int = 0, fit: bool = Fa
 
     Sharded arrays (object stores) get shards of at most :data:`SHARD_CHUNKS`
     inner chunks, fewer when the array needs fewer, so a small commit is one
-    small object. ``fit``: chunks no longer than ``rows`` (a small local commit
-    array stores no padding). Lossy fields (``codec``) are always sharded:
-    one image per inner chunk, ``rows_per_chunk`` frames per shard.
+    small object. ``fit`` (an array written once, by one commit): the rows
+    are split into the fewest chunks of at most ``rows_per_chunk`` rows, all
+    of one length, so the last chunk pads fewer rows than there are chunks
+    (a 21-row commit is one 21-row chunk, not a 341-row one). Lossy fields
+    (``codec``) are always sharded: one image per inner chunk,
+    ``rows_per_chunk`` frames per shard.
     """
-    chunk_rows = min(field.rows_per_chunk, max(1, rows)) if fit else field.rows_per_chunk
+    chunk_rows = field.rows_per_chunk
+    if fit and rows and not field.lossy:
+        chunk_rows = -(-rows // -(-rows // chunk_rows))  # ceil(rows / fewest chunks)
+    elif fit:
+        chunk_rows = min(chunk_rows, max(1, rows))
     inner: list[dict[str, Any]] = [{"name": "bytes", "configuration": {"endian": "little"}}]
     if field.np_dtype.itemsize == 1 or field.np_dtype == np.bool_:
         inner = [{"name": "bytes"}]
@@ -279,12 +338,12 @@ class TensorArray:
         for (writer, commit), future in zip(arrays, futures, strict=True):
             where = loc.child_url(*array_parts(writer, field, commit))
             try:
-                store = future.result()
+                store = await_op(future, loc, where, "opening")
             except ValueError as exc:
                 raise CorruptionError(f"tensor array {where} cannot be opened: {exc}") from exc
             _check_layout(where, store.shape, store.dtype.numpy_dtype, field)
             arr = cls(store, field, where)
-            arr.commit = commit
+            arr.commit, arr._loc = commit, loc
             out.append(arr)
         return out
 
@@ -300,9 +359,11 @@ class TensorArray:
         """Make room for ``rows`` more rows; return the reference of the first of them."""
         if self.store is not None and self.commit == 0:  # the single local array grows in place
             start = self.rows
-            self.store = self.store.resize(
+            assert self._loc is not None
+            grown = self.store.resize(
                 exclusive_max=[start + rows, *self.field.shape], resize_metadata_only=True, expand_only=True
-            ).result()
+            )
+            self.store = await_op(grown, self._loc, self.where, "growing")
             self.rows = start + rows
             return start
         assert self._loc is not None and self._context is not None
@@ -311,7 +372,8 @@ class TensorArray:
         self.commit += 1
         parts = array_parts(self._writer, self.field, self.commit)
         local = self._loc.is_local
-        self.store = _create_store(self._loc, parts, self.field, self._context, sharded=not local, rows=rows, fit=local)
+        # written once: chunks fitted to the commit's rows (no padded chunk on object stores either)
+        self.store = _create_store(self._loc, parts, self.field, self._context, sharded=not local, rows=rows, fit=True)
         self.where = self._loc.child_url(*parts)
         self.rows = rows
         return self.commit << COMMIT_SHIFT
@@ -325,13 +387,14 @@ class TensorArray:
         unit, row = self.write_rows, start & ROW_MASK
         return (row + rows) // unit * unit - row
 
-    def write(self, start: int, values: np.ndarray) -> ts.WriteFutures:
-        """Write ``values`` at references ``[start, start + len(values))`` of reserved space."""
-        assert self.store is not None
+    def write(self, start: int, values: np.ndarray) -> Writes:
+        """Write ``values`` at references ``[start, start + len(values))`` of reserved space (await ``result()``)."""
+        assert self.store is not None and self._loc is not None
         row = start & ROW_MASK
-        return self.store[row : row + len(values)].write(values)
+        written = self.store[row : row + len(values)].write(values)
+        return Writes([written.commit], self._loc, self.where, values.nbytes)
 
-    def append_block(self, block: np.ndarray) -> tuple[int, ts.WriteFutures]:
+    def append_block(self, block: np.ndarray) -> tuple[int, Writes]:
         """Reserve ``len(block)`` rows and write ``block`` there in one write.
 
         Returns the first row's reference and the write future; the caller
@@ -369,6 +432,8 @@ class TensorArray:
                 failed = failed or (src, n, eid, exc)
         if failed is not None:  # every read has finished: none is left in flight when we raise
             src, n, eid, error = failed
+            if self._loc is not None and (err := fault(error, self._loc, self.where, "reading")) is not error:
+                raise err from error
             raise CorruptionError(
                 f"episode {eid}: field {self.field.key!r} rows [{src}, {src + n}) of {self.where} unreadable: {error}"
             ) from error
@@ -383,7 +448,8 @@ def _create_store(
     rows: int = 0,
     fit: bool = False,
 ) -> ts.TensorStore:
-    start_engine(loc.child_url(*parts))
+    where = loc.child_url(*parts)
+    start_engine(where)
     spec = {
         "driver": "zarr3",
         "kvstore": loc.kvstore(*parts),
@@ -392,7 +458,7 @@ def _create_store(
         # Every written chunk is stored (even all-zero ones), so a missing chunk is an error on read.
         "store_data_equal_to_fill_value": True,
     }
-    return ts.open(spec, context=context).result()
+    return await_op(ts.open(spec, context=context), loc, where, "creating")
 
 
 class _Ready:
@@ -690,14 +756,20 @@ def read_many(requests: Sequence[tuple[TensorArray | PlainArray, int, int]]) -> 
     for group in planned.values():
         for i, value in zip(group, _read_planned([requests[i] for i in group]), strict=True):
             futures[i] = _Ready(value)
-    out, failure = [], None
-    for future in futures:
+    out: list[np.ndarray] = []
+    failure: tuple[ValueError, TensorArray | PlainArray] | None = None
+    for (arr, _, _), future in zip(requests, futures, strict=True):
         try:
             out.append(future.result())
         except ValueError as exc:
-            failure = failure or exc
+            failure = failure or (exc, arr)
     if failure is not None:
-        raise failure
+        error, arr = failure
+        if isinstance(arr, TensorArray) and arr._loc is not None:
+            err = fault(error, arr._loc, arr.where, "reading")
+            if err is not error:  # the storage failed, not the data (callers call a ValueError corruption)
+                raise err from error
+        raise error
     return out
 
 
