@@ -1,0 +1,386 @@
+"""Mutation run: plant realistic one-line bugs in a copy of the library and see which the tests catch.
+
+usage (from the repository root, with the project's venv active)::
+
+    python tools/mutate.py [--per-module 6] [--seed 0] [--timeout 300] [--copy /tmp/episodelake-mut]
+                           [--modules segment_index samplers ...] [--named-only] [--rerun RESULTS.jsonl]
+                           [--out mutation-results.jsonl]
+
+The committed tree at ``--rev`` (``git archive``, default HEAD) is unpacked
+into ``--copy`` first; nothing under this checkout is ever modified. For each
+module of :data:`MODULE_TESTS` the script lists every one-line mutation of
+the kinds in :data:`OPERATORS` (comparisons off by one or flipped, ``and``/
+``or``, a dropped ``not``, ``min``/``max`` swapped, constants ±1, a removed
+``raise``/``return``/``continue``, a removed ``.result()``/``.wait()``),
+skips docstrings, comments and mutants that do not compile, and draws
+``--per-module`` of them with a seeded generator (same seed, same tree: same
+mutants). The hand-planted :data:`NAMED` mutations (bugs found in 0.2) run
+too. Each mutant is written into the copy, the module's test files run
+(``pytest -x -q``, default markers) with the copy first on ``PYTHONPATH``, and
+the outcome recorded: ``killed`` (a test failed), ``survived`` (all passed),
+``timeout`` (ran past ``--timeout``; counted as killed, as mutmut does) or
+``error``. Results go to ``--out`` as JSON lines (a rerun with the same
+``--out`` skips mutants already recorded); survivors are printed at the end.
+``--rerun`` runs only the survivors of an earlier results file (after tests
+were added). Before mutating, every module's tests run once unmutated: a
+module whose tests fail there is skipped (its mutants would all look killed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import hashlib
+import io
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import tokenize
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PKG = "src/episodelake"
+
+# module -> the test files that cover it (existing ones, plus the property tests written for its survivors)
+MODULE_TESTS: dict[str, list[str]] = {
+    "segment_index": ["test_sampling.py", "test_shards.py", "test_properties_sampling.py"],
+    "samplers": ["test_priority.py", "test_sampling.py", "test_properties_sampling.py", "test_properties_priority.py"],
+    "sumtree": ["test_priority.py", "test_properties_priority.py"],
+    "stream": ["test_sampling.py", "test_refresh.py", "test_properties_sampling.py"],
+    "selection": ["test_query.py", "test_sampling.py", "test_properties_selection.py"],
+    "query": ["test_query.py", "test_properties_selection.py"],
+    "priority": ["test_priority.py", "test_properties_priority.py"],
+    "commit": ["test_exit_commit.py", "test_read_your_writes.py", "test_roundtrip.py", "test_properties_commit.py"],
+    "writer": ["test_roundtrip.py", "test_outcome_meta.py", "test_vector_writer.py", "test_properties_commit.py"],
+    "snapshot": ["test_corruption.py", "test_snapshot_reads.py", "test_refresh.py", "test_properties_verify.py"],
+    "location": ["test_location.py", "test_secrets.py", "test_properties_location.py"],
+    "fetch": ["test_snapshot_reads.py", "test_diskcache.py"],
+    "batching": ["test_sampling.py", "test_snapshot_reads.py"],
+    "dataset": ["test_read_your_writes.py", "test_properties_read_your_writes.py"],
+}
+# modules drawn from when --modules is not given (dataset.py only carries a named mutation)
+DEFAULT_MODULES = [m for m in MODULE_TESTS if m != "dataset"]
+
+
+@dataclass(frozen=True)
+class Mutant:
+    module: str
+    line: int  # 1-based
+    kind: str
+    before: str  # the original line (stripped)
+    after: str  # the mutated line (stripped)
+    name: str = ""  # named (hand-planted) mutations only
+
+    @property
+    def key(self) -> str:
+        # no line number: a rerun after edits elsewhere in the module still finds the same mutant
+        return f"{self.module}:{self.kind}:{self.before}:{self.after}"
+
+
+# (kind, regex, replacement): applied one occurrence at a time within a line of code
+OPERATORS: list[tuple[str, str, str]] = [
+    ("lt->le", r"(?<=\s)<(?=\s)", "<="),
+    ("le->lt", r"(?<=\s)<=(?=\s)", "<"),
+    ("gt->ge", r"(?<=\s)>(?=\s)", ">="),
+    ("ge->gt", r"(?<=\s)>=(?=\s)", ">"),
+    ("eq->ne", r"(?<=\s)==(?=\s)", "!="),
+    ("ne->eq", r"(?<=\s)!=(?=\s)", "=="),
+    ("and->or", r"(?<=\s)and(?=\s)", "or"),
+    ("or->and", r"(?<=\s)or(?=\s)", "and"),
+    ("drop-not", r"(?<![\w.])not\s+(?!in\b)", ""),
+    ("min->max", r"(?<![\w.])min\(", "max("),
+    ("max->min", r"(?<![\w.])max\(", "min("),
+    ("np.minimum->maximum", r"np\.minimum\(", "np.maximum("),
+    ("np.maximum->minimum", r"np\.maximum\(", "np.minimum("),
+    ("plus1->plus0", r"\+ 1\b", "+ 0"),
+    ("minus1->minus0", r"- 1\b", "- 0"),
+    ("const+1", r"(?<![\w.\[])([2-9]|1[0-9])(?![\w.\]])", "<+1>"),
+    ("const-1", r"(?<![\w.\[])([1-9]|1[0-9])(?![\w.\]])", "<-1>"),
+    ("drop-result", r"\.result\(\)", ""),
+    ("drop-wait", r"\.wait\(\)", ""),
+    ("side-right->left", r"side=\"right\"", 'side="left"'),
+    ("drop-copy", r"\.copy\(\)", ""),
+]
+# whole statements replaced by ``pass`` (single-line ones only)
+DROPPED = {ast.Raise: "drop-raise", ast.Return: "drop-return", ast.Continue: "drop-continue", ast.Break: "drop-break"}
+
+# The bugs the 0.2 mutation run found surviving (issue 20), planted exactly: (name, module, old, new).
+NAMED: list[tuple[str, str, str, str]] = [
+    (
+        "last starts of each episode never sampled",
+        "segment_index",
+        "j = np.floor(rng.random(n) * self.shard_counts[k]).astype(np.int64)",
+        "j = np.floor(rng.random(n) * (self.shard_counts[k] - 1)).astype(np.int64)",
+    ),
+    (
+        "a filter on a view widens back to the parent",
+        "query",
+        'cur.register("episode_index", state.index_table(collection.positions if _is_view(collection) else None))',
+        'cur.register("episode_index", state.index_table(None))',
+    ),
+    (
+        "the table commit no longer waits for its tensor writes",
+        "commit",
+        "            try:\n                w.result()\n",
+        "            try:\n                pass\n",
+    ),
+    (
+        "a cached verification skips the second read of a corrupt episode",
+        "snapshot",
+        "        try:\n            rows = read_many([(arr, start, stop)])[0]\n",
+        "        self._verified.add((f.key, p))\n        try:\n            rows = read_many([(arr, start, stop)])[0]\n",
+    ),
+    (
+        "priorities updated for items no longer in the collection",
+        "samplers",
+        "self._tree.update(idx, self._powered(p) * self._live[idx], unique=True)",
+        "self._tree.update(idx, self._powered(p), unique=True)",
+    ),
+    (
+        "a forked child commits its parent's episodes at its own exit",
+        "commit",
+        "if sink.pid != os.getpid() or sink.store.location.ephemeral:",
+        "if sink.store.location.ephemeral:",
+    ),
+    (
+        "one read entry point skips read-your-writes",
+        "dataset",
+        "        self.snapshot()  # read-your-writes: this object's finished episodes are committed first\n",
+        "",
+    ),
+    (
+        "credentials matched case-sensitively",
+        "location",
+        "lowered = str(name).lower()",
+        "lowered = str(name)",
+    ),
+]
+
+
+def code_lines(source: str) -> set[int]:
+    """Line numbers holding code: not docstrings, not comments, not blank."""
+    tree = ast.parse(source)
+    doc: set[int] = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr):
+            value = body[0].value
+            if isinstance(value, ast.Constant) and isinstance(value.value, str):
+                doc.update(range(body[0].lineno, (body[0].end_lineno or body[0].lineno) + 1))
+    lines: set[int] = set()
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type in (tokenize.OP, tokenize.NAME, tokenize.NUMBER) and tok.start[0] not in doc:
+            lines.add(tok.start[0])
+    return lines
+
+
+def strip_strings_and_comment(line: str) -> str:
+    """``line`` with string literals and a trailing comment blanked (same length), so patterns skip them."""
+    out, quote, i = [], "", 0
+    while i < len(line):
+        c = line[i]
+        if quote:
+            out.append(" " if c != quote else c)
+            if c == "\\":
+                out.append(" ")
+                i += 1
+            elif c == quote:
+                quote = ""
+        elif c in "'\"":
+            quote = c
+            out.append(c)
+        elif c == "#":
+            out.append(" " * (len(line) - i))
+            break
+        else:
+            out.append(c)
+        i += 1
+    return "".join(out)[: len(line)]
+
+
+def candidates(module: str, source: str) -> list[tuple[Mutant, str]]:
+    """Every compiling one-line mutant of ``source``: (mutant, mutated source)."""
+    lines = source.splitlines(keepends=True)
+    original = ast.dump(ast.parse(source))
+    found: list[tuple[Mutant, str]] = []
+
+    def add(lineno: int, kind: str, new_line: str) -> None:
+        mutated = "".join(lines[: lineno - 1]) + new_line + "".join(lines[lineno:])
+        try:
+            tree = ast.parse(mutated)
+            compile(tree, module, "exec")
+        except SyntaxError:
+            return
+        if ast.dump(tree) == original:
+            return
+        found.append((Mutant(module, lineno, kind, lines[lineno - 1].strip(), new_line.strip()), mutated))
+
+    for lineno in sorted(code_lines(source)):
+        line = lines[lineno - 1]
+        masked = strip_strings_and_comment(line)
+        if masked.lstrip().startswith(("import ", "from ", "@", "def ", "class ")):
+            continue
+        for kind, pattern, repl in OPERATORS:
+            for m in re.finditer(pattern, masked):
+                if repl in ("<+1>", "<-1>"):
+                    value = int(m.group(1)) + (1 if repl == "<+1>" else -1)
+                    new = line[: m.start()] + str(value) + line[m.end() :]
+                else:
+                    new = line[: m.start()] + repl + line[m.end() :]
+                add(lineno, kind, new)
+    for node in ast.walk(ast.parse(source)):
+        kind = DROPPED.get(type(node))
+        if kind and node.lineno == node.end_lineno:  # type: ignore[attr-defined]
+            line = lines[node.lineno - 1]  # type: ignore[attr-defined]
+            indent = line[: len(line) - len(line.lstrip())]
+            if line.strip().startswith(("raise", "return", "continue", "break")):
+                add(node.lineno, kind, f"{indent}pass\n")  # type: ignore[attr-defined]
+    return found
+
+
+def named_mutants(modules: list[str], src: Path) -> list[tuple[Mutant, str]]:
+    out = []
+    for name, module, old, new in NAMED:
+        if module not in modules:
+            continue
+        source = (src / f"{module}.py").read_text()
+        if source.count(old) != 1:  # the module changed: say so, run the others
+            print(f"SKIPPED named mutation {name!r}: its line is found {source.count(old)} times in {module}.py")
+            continue
+        mutated = source.replace(old, new)
+        line = source[: source.index(old)].count("\n") + 1
+        out.append((Mutant(module, line, "named", old.strip()[:120], new.strip()[:120], name), mutated))
+    return out
+
+
+def draw(module: str, source: str, n: int, seed: int) -> list[tuple[Mutant, str]]:
+    found = candidates(module, source)
+    rng = random.Random(int(hashlib.sha256(f"{seed}:{module}".encode()).hexdigest()[:8], 16))
+    return rng.sample(found, min(n, len(found)))
+
+
+def copy_tree(dest: Path, rev: str) -> None:
+    """The committed tree at ``rev`` (never the working tree, which others may be editing) into ``dest``."""
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    archive = subprocess.run(["git", "archive", rev], cwd=ROOT, check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+
+
+def run_tests(copy: Path, tests: list[str], timeout: float) -> tuple[str, float, str]:
+    """(outcome, seconds, last output line) of ``pytest -x -q`` over ``tests`` in ``copy``."""
+    env = dict(os.environ, PYTHONPATH=str(copy / "src"), PYTHONDONTWRITEBYTECODE="1")
+    argv = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", *tests]
+    start = time.monotonic()  # the run's duration is reported, never used to decide an outcome but the timeout
+    proc = subprocess.Popen(
+        argv, cwd=copy, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        return "timeout", time.monotonic() - start, ""
+    tail = out.strip().splitlines()[-1] if out.strip() else ""
+    outcome = {0: "survived", 1: "killed"}.get(proc.returncode, "killed" if proc.returncode == 2 else "error")
+    return outcome, time.monotonic() - start, tail
+
+
+def test_paths(copy: Path, module: str) -> list[str]:
+    return [f"tests/{t}" for t in MODULE_TESTS[module] if (copy / "tests" / t).exists()]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--per-module", type=int, default=6)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--timeout", type=float, default=60, help="per-mutant floor; the limit is max(this, 3 x baseline)")
+    ap.add_argument("--copy", type=Path, default=Path("/tmp/episodelake-mut"))
+    ap.add_argument("--modules", nargs="*", default=DEFAULT_MODULES)
+    ap.add_argument("--named-only", action="store_true")
+    ap.add_argument("--rerun", type=Path, help="run only the survivors recorded in this results file")
+    ap.add_argument("--out", type=Path, default=Path("mutation-results.jsonl"))
+    ap.add_argument("--rev", default="HEAD", help="the commit whose tree is mutated (default HEAD)")
+    ap.add_argument("--list", action="store_true", help="print the mutants and exit")
+    args = ap.parse_args()
+
+    modules = list(dict.fromkeys([*args.modules, *(m for _, m, _, _ in NAMED)]))
+    copy_tree(args.copy, args.rev)
+    src = args.copy / PKG
+    plan: list[tuple[Mutant, str]] = named_mutants(modules, src)
+    if not args.named_only:
+        for module in args.modules:
+            if module != "dataset":
+                plan += draw(module, (src / f"{module}.py").read_text(), args.per_module, args.seed)
+    if args.rerun:
+        keep = {r["key"] for r in map(json.loads, args.rerun.read_text().splitlines()) if r["outcome"] == "survived"}
+        plan = [(m, s) for m, s in plan if m.key in keep]
+    if args.list:
+        for m, _ in plan:
+            print(f"{m.module}:{m.line} [{m.kind}] {m.name or m.after}")
+        print(f"{len(plan)} mutants")
+        return
+
+    done = {r["key"] for r in map(json.loads, args.out.read_text().splitlines())} if args.out.exists() else set()
+    baseline: dict[str, tuple[str, float]] = {}
+    started = time.monotonic()
+    with args.out.open("a") as results:
+        for i, (mutant, mutated) in enumerate(plan):
+            if mutant.key in done:
+                continue
+            tests = test_paths(args.copy, mutant.module)
+            if mutant.module not in baseline:
+                outcome, secs, tail = run_tests(args.copy, tests, 1800)
+                baseline[mutant.module] = (outcome, secs)
+                print(f"baseline {mutant.module}: {outcome} in {secs:.0f}s ({tail})", flush=True)
+            if baseline[mutant.module][0] != "survived":
+                continue  # the unmutated tests do not pass: mutants of this module would all look killed
+            path = args.copy / PKG / f"{mutant.module}.py"
+            original = path.read_text()
+            path.write_text(mutated)
+            try:
+                outcome, secs, tail = run_tests(args.copy, tests, max(args.timeout, 3 * baseline[mutant.module][1]))
+            finally:
+                path.write_text(original)
+            record = {**asdict(mutant), "key": mutant.key, "outcome": outcome, "seconds": round(secs, 1), "tail": tail}
+            results.write(json.dumps(record) + "\n")
+            results.flush()
+            what = mutant.name or mutant.after
+            print(f"[{i + 1}/{len(plan)}] {outcome:8s} {secs:5.0f}s {mutant.module}:{mutant.line} {what}", flush=True)
+    print(f"ran in {time.monotonic() - started:.0f}s")
+    summarize(args.out)
+
+
+def summarize(path: Path) -> None:
+    """Per-module counts and the survivors of a results file."""
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    by: dict[str, dict[str, int]] = {}
+    for r in rows:
+        by.setdefault(r["module"], {}).setdefault(r["outcome"], 0)
+        by[r["module"]][r["outcome"]] += 1
+    print(f"{'module':15s} {'mutants':>7s} {'killed':>6s} {'timeout':>7s} {'survived':>8s} {'error':>5s}")
+    for module, c in sorted(by.items()):
+        total = sum(c.values())
+        print(
+            f"{module:15s} {total:7d} {c.get('killed', 0):6d} {c.get('timeout', 0):7d} "
+            f"{c.get('survived', 0):8d} {c.get('error', 0):5d}"
+        )
+    for r in rows:
+        if r["outcome"] == "survived":
+            what = r["name"] or f"{r['before']}  ->  {r['after']}"
+            print(f"SURVIVED {r['module']}:{r['line']} [{r['kind']}] {what}")
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--summary"]:
+        summarize(Path(sys.argv[2]))
+    else:
+        main()
