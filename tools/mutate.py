@@ -22,8 +22,10 @@ the outcome recorded: ``killed`` (a test failed), ``survived`` (all passed),
 ``error``. Results go to ``--out`` as JSON lines (a rerun with the same
 ``--out`` skips mutants already recorded); survivors are printed at the end.
 ``--rerun`` runs only the survivors of an earlier results file (after tests
-were added). Before mutating, every module's tests run once unmutated: a
-module whose tests fail there is skipped (its mutants would all look killed).
+were added). While the file ``--pause`` exists, the run waits between mutants
+(so the machine can run something else; it never times a mutant that way).
+Before mutating, every module's tests run once unmutated: a module whose
+tests fail there is skipped (its mutants would all look killed).
 """
 
 from __future__ import annotations
@@ -294,6 +296,17 @@ def run_tests(copy: Path, tests: list[str], timeout: float) -> tuple[str, float,
     return outcome, time.monotonic() - start, tail
 
 
+def wait_while(pause: Path) -> None:
+    """Block while ``pause`` exists; ``pause`` + ``.paused`` says that the run is waiting."""
+    if not pause.exists():
+        return
+    marker = pause.with_name(pause.name + ".paused")
+    marker.touch()
+    while pause.exists():
+        time.sleep(2)  # nothing is measured meanwhile: this only waits for a person to remove the file
+    marker.unlink(missing_ok=True)
+
+
 def test_paths(copy: Path, module: str) -> list[str]:
     return [f"tests/{t}" for t in MODULE_TESTS[module] if (copy / "tests" / t).exists()]
 
@@ -309,6 +322,7 @@ def main() -> None:
     ap.add_argument("--rerun", type=Path, help="run only the survivors recorded in this results file")
     ap.add_argument("--out", type=Path, default=Path("mutation-results.jsonl"))
     ap.add_argument("--rev", default="HEAD", help="the commit whose tree is mutated (default HEAD)")
+    ap.add_argument("--pause", type=Path, default=Path("/tmp/mutate.pause"), help="waits while it exists")
     ap.add_argument("--list", action="store_true", help="print the mutants and exit")
     args = ap.parse_args()
 
@@ -336,6 +350,7 @@ def main() -> None:
         for i, (mutant, mutated) in enumerate(plan):
             if mutant.key in done:
                 continue
+            wait_while(args.pause)
             tests = test_paths(args.copy, mutant.module)
             if mutant.module not in baseline:
                 outcome, secs, tail = run_tests(args.copy, tests, 1800)
