@@ -18,6 +18,7 @@ import episodelake as el
 from episodelake.cli import main
 
 from .test_bad_input import tree_digest
+from .test_vacuum_safety import age_files
 from .test_crash import ForkServer, unreferenced_parquet
 from .workers.common import assert_all_match, crash_schema, episode, one_commit_per_episode, origins
 
@@ -66,6 +67,10 @@ def test_vacuum_removes_crash_leftovers_only(tmp_path, capsys):
     assert {(0, 0), (0, 1), (2, 0), (2, 1)} <= set(visible)
     version = ds.version
 
+    fresh = ds.vacuum(dry_run=True, retention_hours=0)  # leftovers younger than the floor (1 h) stay
+    assert (fresh.table_files, fresh.tensor_arrays, fresh.truncated, fresh.temp_files) == ([], [], [], [])
+    age_files(path, hours=2)  # the leftovers are now past the floor
+
     before = tree_digest(path)
     dry = ds.vacuum(dry_run=True, retention_hours=0)
     assert tree_digest(path) == before  # a dry run deletes nothing
@@ -78,7 +83,7 @@ def test_vacuum_removes_crash_leftovers_only(tmp_path, capsys):
     assert main(["vacuum", path, "--dry-run", "--retention-hours", "0", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["tensor_arrays"] == dry.tensor_arrays
 
-    done = ds.vacuum(retention_hours=0)
+    done = ds.vacuum(retention_hours=1)  # the shortest retention allowed without the override
     assert done.tensor_arrays == dry.tensor_arrays and done.truncated == dry.truncated
     assert done.table_files == dry.table_files and done.temp_files == dry.temp_files
     for array in done.tensor_arrays:
@@ -104,7 +109,7 @@ def test_vacuum_after_compaction_keeps_the_latest_version(tmp_path):
     kept = ds.vacuum()  # default retention: the compacted-away files are fresh, they stay
     assert kept.table_files == []
     assert len(el.Dataset.open(path, version=old)) == 6
-    gone = ds.vacuum(retention_hours=0)
+    gone = ds.vacuum(retention_hours=0, break_old_versions=True)
     assert len(gone.table_files) >= 6 and gone.tensor_arrays == [] and gone.truncated == []
     assert not any(os.path.exists(f) for f in gone.table_files)
     # deltalake keeps listing the tombstones of files already deleted: a second vacuum must report nothing

@@ -40,17 +40,18 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as pads
-from deltalake import DeltaTable
+from deltalake import CommitProperties, DeltaTable
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 
 from . import layout
 from .checks import check_values, meta_value
 from .commit import meta_column, step_column
 from .episode import rows_for
-from .errors import ArgumentError, CommitConflictError, SchemaError, ValidationError
+from .errors import ArgumentError, CommitConflictError, EpisodeLakeError, SchemaError, ValidationError
 from .location import Location
 from .schema import DatasetSchema, FieldSpec
 from .store import Store
+from .table import OPERATION_KEY, table_error, vacuum_table_files
 
 CONFIG_KEY = "episodelake.derived"  # the episode table property recording declarations and the side version
 ID = "episode_id"
@@ -132,7 +133,7 @@ def declare(store: Store, known: DatasetSchema, specs: Iterable[FieldSpec]) -> i
         if have is None and spec.key not in {f.key for f in new}:
             new.append(spec)
     DatasetSchema([*known.fields, *new])  # every schema rule (reserved names, duplicate keys) holds
-    return _record(store, DerivedState(None, tuple(new)))
+    return _record(store, DerivedState(None, tuple(new)), "ADD COLUMN")
 
 
 def encode(f: FieldSpec, values: Any, lengths: np.ndarray, ids: np.ndarray) -> pa.Array:
@@ -186,7 +187,7 @@ def write(store: Store, ids: np.ndarray, columns: Mapping[str, pa.Array]) -> int
         raise ArgumentError("update: episode ids repeat")
     source = pa.table({ID: pa.array(ids, pa.int64()), **columns})
     side = _merge(store.location, source)
-    return _record(store, DerivedState(side, ()))
+    return _record(store, DerivedState(side, ()), "UPDATE")
 
 
 def _merge(loc: Location, source: pa.Table) -> int:
@@ -200,11 +201,14 @@ def _merge(loc: Location, source: pa.Table) -> int:
             dt = DeltaTable(uri, storage_options=options)
         except TableNotFoundError:
             dt = _create_side(uri, options)
-        merger = dt.merge(source, f"t.{ID} = s.{ID}", source_alias="s", target_alias="t", merge_schema=True)
+        props = CommitProperties(custom_metadata={OPERATION_KEY: "UPDATE"})
+        merger = dt.merge(
+            source, f"t.{ID} = s.{ID}", source_alias="s", target_alias="t", merge_schema=True, commit_properties=props
+        )
         merger.when_matched_update(updates=sets).when_not_matched_insert(updates={ID: f"s.{ID}", **sets}).execute()
         return dt.version()
 
-    return _retry(attempt, f"update of {names} at {loc.url}")
+    return _retry(attempt, f"update of {names} at {loc.url}", loc)
 
 
 def _create_side(uri: str, options: dict[str, str] | None) -> DeltaTable:
@@ -215,42 +219,48 @@ def _create_side(uri: str, options: dict[str, str] | None) -> DeltaTable:
         return DeltaTable(uri, storage_options=options)
 
 
-def _record(store: Store, change: DerivedState) -> int:
-    """Merge ``change`` into the episode table's recorded state; retried until a re-read shows it. New version."""
+def _record(store: Store, change: DerivedState, operation: str) -> int:
+    """Merge ``change`` into the episode table's recorded state; retried until a re-read shows it. New version.
+
+    ``operation`` names the commit in history (``ADD COLUMN``, ``UPDATE``).
+    """
+    props = CommitProperties(custom_metadata={OPERATION_KEY: operation})
 
     def attempt() -> int:
         dt = store.table.dt
         dt.update_incremental()
         current = DerivedState.of(dt)
         if current.merged(change) != current:
-            dt.alter.set_table_properties({CONFIG_KEY: current.merged(change).to_json()}, raise_if_not_exists=False)
+            dt.alter.set_table_properties(
+                {CONFIG_KEY: current.merged(change).to_json()}, raise_if_not_exists=False, commit_properties=props
+            )
             dt.update_incremental()
             now = DerivedState.of(dt)
             if now.merged(change) != now:
                 raise CommitFailedError("the derived state was overwritten concurrently")
         return dt.version()
 
-    version = _retry(attempt, f"recording derived columns at {store.location.url}")
+    version = _retry(attempt, f"recording derived columns at {store.location.url}", store.location)
     store.committed()
     return version
 
 
 def vacuum_side(loc: Location, retention_hours: float, dry_run: bool) -> list[str]:
-    """Delete side-table files no retained side version references, older than ``retention_hours``; their URIs.
+    """Delete side-table files no kept side version references, as the episode table's vacuum does; their URIs.
 
-    Rows of deleted episodes stay in live files (never read); versions of the
-    episode table older than the retention may then fail to read their values.
+    Files removed from the side table longer than ``retention_hours`` ago go,
+    and files it never referenced once past the unreferenced-file floor
+    (:func:`~episodelake.table.vacuum_table_files`). Rows of deleted episodes
+    stay in live files (never read); versions of the episode table older than
+    the retention may then fail to read their values.
     """
-    try:
-        dt = DeltaTable(_side_uri(loc), storage_options=loc.delta_options())
-    except TableNotFoundError:
-        return []
-    hours = int(np.ceil(retention_hours))
-    doomed = dt.vacuum(retention_hours=hours, dry_run=dry_run, enforce_retention_duration=False, full=True)
-    return sorted(loc.child_url(*layout.derived_parts(), path) for path in doomed)
+    paths = vacuum_table_files(loc, layout.derived_parts(), retention_hours, dry_run)
+    return sorted(loc.child_url(*layout.derived_parts(), path[len(loc.child(*layout.derived_parts())) + 1 :])
+                  for path in paths)
 
 
-def _retry(attempt: Callable[[], int], what: str) -> int:
+def _retry(attempt: Callable[[], int], what: str, loc: Location) -> int:
+    """``attempt`` until it lands: conflicts retried with backoff (then CommitConflictError), faults raised typed."""
     delay = 0.01
     for n in range(RETRIES):
         try:
@@ -260,4 +270,8 @@ def _retry(attempt: Callable[[], int], what: str) -> int:
                 raise CommitConflictError(f"{what} conflicted {RETRIES} times with concurrent updates: {exc}") from exc
             time.sleep(delay)  # back off before retrying a lost optimistic-concurrency race
             delay = min(delay * 2, 1.0)
+        except EpisodeLakeError:
+            raise
+        except Exception as exc:
+            raise table_error(exc, loc, what) from exc
     raise AssertionError("unreachable")

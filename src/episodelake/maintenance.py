@@ -9,24 +9,31 @@ recomputed from the values) and every Delta log entry (parseable JSON). It
 reads every byte the version references, so it costs a full pass.
 
 ``vacuum`` removes what crashes and compactions leave behind without touching
-anything a retained version references:
+anything a kept version references, whatever runs concurrently
+(docs/reliability.md, "Vacuum and compaction"):
 
-* table files no log entry references (a writer killed between writing its
-  Parquet file and its commit) and files removed by compaction, once older
-  than the retention window (deltalake's full vacuum);
+* table files (and derived side-table files) the log removed longer than the
+  retention ago (compactions, deletes, evictions), and files the log never
+  named (a writer killed between writing its Parquet file and its commit)
+  once also older than :data:`~episodelake.table.UNREFERENCED_FLOOR_HOURS`
+  (:func:`~episodelake.table.vacuum_table_files`);
 * tensor arrays of writers no remaining table file references (a writer killed
-  before its first commit), once untouched for the retention window;
+  before its first commit), once untouched for the retention and the floor;
 * commit arrays (``tensors/<writer>/<commit>/...``: object stores and
   capacity datasets) no episode of a stored table file references (a writer
   killed between its tensor write and its commit, a commit that failed, or
   every episode of the commit deleted or evicted and the files of the
-  versions that held them vacuumed), once untouched for the retention window;
+  versions that held them vacuumed), once untouched for the retention, and
+  past the floor too unless a later commit of the same writer is referenced
+  (a writer commits in order, so that array's commit is over: not in flight);
 * in a writer's single array (local datasets), rows past the last referenced
-  row (a writer killed between its tensor write and its commit): the array is
-  shrunk, which deletes the chunk files wholly past the new end. Unreferenced
-  rows *between* referenced ones (a failed commit followed by successful ones)
+  row (a writer killed between its tensor write and its commit), once the
+  array is untouched for the retention and the floor: the array is shrunk,
+  which deletes the chunk files wholly past the new end. Unreferenced rows
+  *between* referenced ones (a failed commit followed by successful ones)
   cannot be reclaimed without rewriting the array; they are counted in
-  ``VacuumReport.unreclaimed_rows``.
+  ``VacuumReport.unreclaimed_rows``;
+* temporary files at the root, once past the retention and the floor.
 
 ``VacuumReport.unreferenced_rows`` counts every stored row no episode of a
 stored table file references: what crashes and failed commits left behind,
@@ -41,9 +48,11 @@ hold them, so those versions (time travel, readers pinned to them) read them
 until this vacuum removes those files (removed longer than the retention
 window ago), and only then the tensor arrays they alone referenced.
 
-The retention window is what keeps a concurrent writer safe: its uncommitted
-Parquet file or tensor rows are seconds old. Vacuuming with ``retention_hours=0``
-while another process writes can delete its in-flight data.
+What the floor protects is fixed: data a concurrent writer has not committed
+yet (seconds old) is never removed. What the retention protects is the
+caller's choice: versions superseded less than ``retention_hours`` ago stay
+whole. Below :data:`~episodelake.table.MIN_RETENTION_HOURS` (1 h) a real run
+needs ``break_old_versions=True``.
 """
 
 from __future__ import annotations
@@ -52,7 +61,6 @@ import time
 import warnings
 import zlib
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
 from typing import Any
 
 import numpy as np
@@ -68,7 +76,16 @@ from .schema import DatasetSchema, FieldSpec, from_storage
 from .snapshot import flatten_lists
 from .stats import STAT_PARTS, episode_stats, has_stats, stat_column
 from .store import Store
-from .table import arrow_schema, log_entries, log_problems, read_table_file
+from .table import (
+    MIN_RETENTION_HOURS,
+    UNREFERENCED_FLOOR_HOURS,
+    arrow_schema,
+    file_mtime,
+    latest_file_paths,
+    log_entries,
+    log_problems,
+    read_table_file,
+)
 from .tensors import (
     COMMIT_SHIFT,
     ROW_MASK,
@@ -342,7 +359,8 @@ class AutoVacuum:
     """Vacuums a capacity dataset on local disk after every ``capacity.vacuum_every`` commits through ``store``.
 
     Runs in the committing thread right after the commit, with the capacity's
-    ``retention_hours``; a failure is reported as a warning (the commit stands).
+    ``retention_hours`` (and its ``break_old_versions``); a failure is
+    reported as a warning (the commit stands).
     """
 
     def __init__(self, store: Store) -> None:
@@ -358,49 +376,97 @@ class AutoVacuum:
             return
         self.commits = 0
         try:
-            vacuum(self.store, retention_hours=self.capacity.retention_hours)
+            vacuum(
+                self.store,
+                retention_hours=self.capacity.retention_hours,
+                break_old_versions=self.capacity.break_old_versions,
+            )
         except Exception as exc:  # the commit already landed; the next round retries
             warnings.warn(f"automatic vacuum of {self.store.location.url} failed: {exc!r}", stacklevel=2)
 
 
-def vacuum(store: Store, dry_run: bool = False, retention_hours: float = DEFAULT_RETENTION_HOURS) -> VacuumReport:
-    """Remove unreferenced table files and tensor data older than ``retention_hours``.
+def check_retention(retention_hours: float, break_old_versions: bool, what: str = "vacuum") -> None:
+    """Refuse a retention below :data:`MIN_RETENTION_HOURS` unless ``break_old_versions`` (ArgumentError)."""
+    if isinstance(retention_hours, bool) or not isinstance(retention_hours, int | float) or not retention_hours >= 0:
+        raise ArgumentError(f"retention_hours must be >= 0, got {retention_hours!r}")
+    if retention_hours < MIN_RETENTION_HOURS and not break_old_versions:
+        raise ArgumentError(
+            f"{what}: retention_hours={retention_hours} is below the safe minimum of {MIN_RETENTION_HOURS:g} h: "
+            f"files of versions superseded less than {MIN_RETENTION_HOURS:g} h ago would be removed, so time travel "
+            "to them and readers still pinned to them (another process's snapshot, a running stream) would fail; "
+            "pass break_old_versions=True to accept that (uncommitted data of concurrent writers stays safe either "
+            f"way: files no version references are kept for at least {UNREFERENCED_FLOOR_HOURS:g} h)"
+        )
 
-    Raises :class:`ReadOnlyError` on a read-only dataset unless ``dry_run``,
-    and :class:`CorruptionError` (removing nothing from the tensors) when a
+
+def vacuum(
+    store: Store,
+    dry_run: bool = False,
+    retention_hours: float = DEFAULT_RETENTION_HOURS,
+    break_old_versions: bool = False,
+) -> VacuumReport:
+    """Remove table files, side-table files and tensor data no kept version references (see the module docstring).
+
+    Versions superseded less than ``retention_hours`` ago stay whole; data no
+    version references (a commit in flight, a crash leftover) goes only once
+    older than :data:`UNREFERENCED_FLOOR_HOURS` too, whatever the retention.
+    A real run with ``retention_hours`` below :data:`MIN_RETENTION_HOURS`
+    raises :class:`ArgumentError` unless ``break_old_versions=True`` (a dry
+    run removes nothing and needs no override). Raises
+    :class:`ReadOnlyError` on a read-only dataset unless ``dry_run``, and
+    :class:`CorruptionError` (removing nothing from the tensors) when a
     table file cannot be read, since its references would be unknown.
     """
     loc = store.location
     if store.read_only and not dry_run:
         raise ReadOnlyError(f"dataset {loc.url} is open read-only; vacuum needs a writable dataset")
-    if retention_hours < 0:
-        raise ArgumentError(f"retention_hours must be >= 0, got {retention_hours}")
+    check_retention(retention_hours, break_old_versions or dry_run)
     report = VacuumReport(loc.url, dry_run, float(retention_hours))
-    cutoff = time.time() - retention_hours * 3600.0
+    now = time.time()
+    cutoffs = _Cutoffs(now - retention_hours * 3600.0, now - max(retention_hours, UNREFERENCED_FLOOR_HOURS) * 3600.0)
     report.table_files = store.table.vacuum(retention_hours, dry_run)
     report.derived_files = vacuum_side(loc, retention_hours, dry_run)
     refs = _referenced_rows(store, set(report.table_files))
-    _vacuum_tensors(store, refs, cutoff, report)
+    _vacuum_tensors(store, refs, cutoffs, report)
     for path in loc.fs.glob(loc.child(layout.temp_pattern())):
-        if _newest_mtime(loc, path) < cutoff:
+        if _newest_mtime(loc, path) < cutoffs.unreferenced:
             report.temp_files.append(path)
             if not dry_run:
                 loc.fs.rm(path)
     return report
 
 
+@dataclass(frozen=True)
+class _Cutoffs:
+    """Modification times (epoch s) before which unreferenced tensor data may go.
+
+    ``settled``: data whose commit is known to be over (a later commit of its
+    writer is referenced): the retention alone. ``unreferenced``: anything
+    else no table file references (possibly in flight): the retention and the floor.
+    """
+
+    settled: float
+    unreferenced: float
+
+
 Runs = dict[tuple[str, int, str], tuple[np.ndarray, np.ndarray]]
 
 
 def _referenced_rows(store: Store, doomed: set[str]) -> Runs:
-    """(writer, commit, field key) -> (first rows, stops) of every episode in a surviving table file."""
+    """(writer, commit, field key) -> (first rows, stops) of every episode in a surviving table file.
+
+    Surviving: every data file on storage but those this vacuum removes, and
+    then every file of the latest version read now (a commit that landed
+    while the listing ran: its files are never removed, nor what they reference).
+    """
     loc = store.location
     fields = store.schema.tensor_fields
     columns = ["writer", "length", *(f"ref/{f.key}" for f in fields)]
     parts: dict[tuple[str, int, str], list[tuple[np.ndarray, np.ndarray]]] = {}
-    for path in store.table.stored_files():
-        if path in doomed:
-            continue
+    listed = [path for path in store.table.stored_files() if path not in doomed]
+    seen = {path.rsplit("/", 1)[-1] for path in listed}
+    latest = [path for path in latest_file_paths(loc) if path.rsplit("/", 1)[-1] not in seen]
+    for path in [*listed, *latest]:
         try:
             tbl = read_table_file(loc, path, columns)
         except (OSError, pa.ArrowException) as exc:
@@ -434,22 +500,27 @@ def _unreferenced(starts: np.ndarray, stops: np.ndarray, rows: int, align: int) 
     return inside, max(0, rows - -(-end // align) * align)
 
 
-def _vacuum_tensors(store: Store, refs: Runs, cutoff: float, report: VacuumReport) -> None:
+def _vacuum_tensors(store: Store, refs: Runs, cutoffs: _Cutoffs, report: VacuumReport) -> None:
     loc = store.location
     live = {w for w, _, _ in refs}
+    last_commit: dict[str, int] = {}  # per writer, its latest commit a table file references
+    for w, c, _ in refs:
+        last_commit[w] = max(c, last_commit.get(w, 0))
     for writer in tensor_writers(loc):
         wdir = loc.child(*layout.writer_parts(writer))
         commits = writer_commits(loc, writer)
-        if writer not in live:
+        if writer not in live:  # its first commit may be in flight: the floor applies
             report.unreferenced_rows += _stored_rows(store, writer, commits)
-            if _newest_mtime(loc, wdir) < cutoff:
+            if _newest_mtime(loc, wdir) < cutoffs.unreferenced:
                 report.tensor_arrays.append(wdir)
                 if not report.dry_run:
                     loc.fs.rm(wdir, recursive=True)
             continue
         for f in store.schema.tensor_fields:
-            _vacuum_single_array(store, writer, f, refs, cutoff, report)
+            _vacuum_single_array(store, writer, f, refs, cutoffs.unreferenced, report)
             for commit in commits:
+                # a writer commits in order: one whose later commit is referenced is not in flight
+                cutoff = cutoffs.settled if commit < last_commit[writer] else cutoffs.unreferenced
                 _vacuum_commit_array(store, writer, commit, f, refs, cutoff, report)
         if not report.dry_run:
             for commit in commits:  # a commit directory whose arrays all went
@@ -515,12 +586,4 @@ def _vacuum_commit_array(
 def _newest_mtime(loc: Location, path: str) -> float:
     """Latest modification time (epoch seconds) of a file or of any file under a directory."""
     entries = loc.fs.find(path, detail=True, withdirs=False) if loc.fs.isdir(path) else {path: loc.fs.info(path)}
-    newest = 0.0
-    for info in entries.values():
-        stamp = info.get("mtime", info.get("LastModified", info.get("updated")))
-        if isinstance(stamp, datetime):
-            stamp = stamp.timestamp()
-        elif isinstance(stamp, str):
-            stamp = datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
-        newest = max(newest, float(stamp or 0.0))
-    return newest
+    return max((file_mtime(info) for info in entries.values()), default=0.0)

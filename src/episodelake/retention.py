@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .errors import ArgumentError
-from .table import EpisodeTable
+from .table import MIN_RETENTION_HOURS, EpisodeTable
 
 ORDER_COLUMNS = ["created_at", "episode_id", "length"]
 
@@ -36,16 +36,20 @@ class Capacity:
 
     ``steps``/``episodes``: the limits (None: no limit of that kind; at least
     one is set). ``retention_hours``: evicted and deleted data older than this
-    are removed by the automatic vacuum (0: at once; versions before an
-    eviction stay readable until then). ``vacuum_every``: the automatic vacuum
-    runs after every that many commits of a writing ``Dataset`` on local disk
-    (object stores: ``ds.vacuum()`` is explicit).
+    are removed by the automatic vacuum (versions before an eviction stay
+    readable until then); below :data:`~episodelake.table.MIN_RETENTION_HOURS`
+    (1 h; 0: at the next automatic vacuum) it needs ``break_old_versions=True``,
+    which accepts that readers pinned to a version older than that, and time
+    travel to it, fail. ``vacuum_every``: the automatic vacuum runs after
+    every that many commits of a writing ``Dataset`` on local disk (object
+    stores: ``ds.vacuum()`` is explicit).
     """
 
     steps: int | None = None
     episodes: int | None = None
     retention_hours: float = 1.0
     vacuum_every: int = 64
+    break_old_versions: bool = False
 
     def __post_init__(self) -> None:
         for name in ("steps", "episodes"):
@@ -57,6 +61,15 @@ class Capacity:
         hours = self.retention_hours
         if isinstance(hours, bool) or not isinstance(hours, int | float) or not hours >= 0:
             raise ArgumentError(f"capacity retention_hours must be a number >= 0, got {hours!r}")
+        if not isinstance(self.break_old_versions, bool):
+            raise ArgumentError(f"capacity break_old_versions must be a bool, got {self.break_old_versions!r}")
+        if hours < MIN_RETENTION_HOURS and not self.break_old_versions:
+            raise ArgumentError(
+                f"capacity retention_hours={hours} is below the safe minimum of {MIN_RETENTION_HOURS:g} h: the "
+                "automatic vacuum would remove evicted episodes that readers pinned to a version less than "
+                f"{MIN_RETENTION_HOURS:g} h old still read (and time travel to it); "
+                "pass break_old_versions=True to accept that"
+            )
         every = self.vacuum_every
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise ArgumentError(f"capacity vacuum_every must be a positive int, got {every!r}")
@@ -74,6 +87,16 @@ class Capacity:
                 raise ArgumentError(f"capacity: unknown key(s) {unknown}; known: {list(cls.__dataclass_fields__)}")
             return cls(**value)
         raise ArgumentError(f"capacity must be an int (steps), a dict or el.Capacity, got {type(value).__name__}")
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> Capacity:
+        """The capacity a dataset descriptor records. A descriptor written before ``break_old_versions``
+        existed (0.2) may hold a shorter retention, chosen when no override was asked: it stands."""
+        fields = dict(obj)
+        hours = fields.get("retention_hours", 1.0)
+        if "break_old_versions" not in fields and isinstance(hours, int | float) and hours < MIN_RETENTION_HOURS:
+            fields["break_old_versions"] = True
+        return cls(**fields)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
