@@ -144,7 +144,9 @@ def cmd_vacuum(args: argparse.Namespace) -> int:
     from .dataset import Dataset
 
     ds = Dataset.open(args.path, storage_options=args.options, read_only=args.dry_run)
-    report = ds.vacuum(dry_run=args.dry_run, retention_hours=args.retention_hours)
+    report = ds.vacuum(
+        dry_run=args.dry_run, retention_hours=args.retention_hours, break_old_versions=args.break_old_versions
+    )
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
         return 0
@@ -224,16 +226,19 @@ def _stored_in(f) -> str:
 
 def cmd_info(args: argparse.Namespace) -> int:
     """Schema, counts, versions and size of a dataset."""
+    from .table import EpisodeTable
     from .tensors import tensors_size
 
     ds = _open_read_only(args)
+    # history() of a dataset pinned to --version ends at that version: the latest is the table's own
+    latest = ds.version if args.version is None else EpisodeTable.open(ds.location).version
     adds = ds._store.table.add_actions()
     table_bytes = sum(add["size_bytes"] for add in adds)
     tensor_bytes = tensors_size(ds.location)
     info = {
         "url": ds.location.url,
         "version": ds.version,
-        "latest_version": max(h["version"] for h in ds.history()),
+        "latest_version": latest,
         "episodes": len(ds),
         "steps": ds.num_steps,
         "partition_by": ds.descriptor.get("partition_by", []),
@@ -313,9 +318,8 @@ def cmd_history(args: argparse.Namespace) -> int:
     rows = []
     for h in entries:
         when = datetime.fromtimestamp(h["timestamp"] / 1e3, UTC).isoformat(timespec="seconds")
-        metrics = h.get("operationMetrics", {})
-        rows.append([h["version"], when, h["operation"], metrics.get("num_added_rows"), metrics.get("num_added_files")])
-    _print_table(["version", "time (UTC)", "operation", "rows added", "files added"], rows)
+        rows.append([h["version"], when, h["operation"], h.get("episodes_added"), h.get("episodes_removed")])
+    _print_table(["version", "time (UTC)", "operation", "episodes added", "episodes removed"], rows)
     return 0
 
 
@@ -408,6 +412,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("path", help="dataset path or URL")
     p.add_argument("--dry-run", action="store_true", help="list what would be deleted, delete nothing")
     p.add_argument("--retention-hours", type=float, default=168.0, help="keep anything newer (default 168)")
+    p.add_argument(
+        "--break-old-versions",
+        action="store_true",
+        help="allow --retention-hours below 1: versions superseded since then lose their files "
+        "(time travel and readers pinned to them fail)",
+    )
     options(p)
     p.add_argument("--json", action="store_true", help="print the report as JSON")
 

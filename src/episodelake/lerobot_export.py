@@ -349,10 +349,9 @@ def to_lerobot(
         ("task_index", "int64"),
     ):
         features[name] = {"dtype": dtype, "shape": [1], "names": None}
-    # bookkeeping columns that stand for fields of an imported dataset (its timestamp, per-step task_index)
-    regenerated = {recorded[f.key]: f for f in schema.step_fields if f not in fields}
+    # in schema order; bookkeeping columns stand for the timestamp and per-step task_index of an imported dataset
     record = {
-        "fields": {k: f.to_json() for k, f in [*((keys[f.key], f) for f in fields), *regenerated.items()]},
+        "fields": {keys.get(f.key) or recorded[f.key]: f.to_json() for f in schema.step_fields},
         "meta": {f.name: f.to_json() for f in schema.meta_fields},
     }
 

@@ -416,8 +416,13 @@ class DatasetSchema:
         if dup:
             raise SchemaError(f"duplicate field keys: {sorted(dup)}")
         for f in self.fields:
-            if f.role == "meta" and (f.name in RESERVED_COLUMNS or "/" in f.name):
-                raise SchemaError(f"meta field name {f.name!r} is reserved or nested")
+            if f.role == "meta" and f.name in RESERVED_COLUMNS:
+                raise SchemaError(
+                    f"meta field name {f.name!r} is reserved (a column of the episode table); "
+                    f"reserved names: {', '.join(sorted(RESERVED_COLUMNS))}"
+                )
+            if f.role == "meta" and "/" in f.name:
+                raise SchemaError(f"meta field name {f.name!r} is nested ('/'): meta fields are one column each")
         for role in ("observation", "action", "reward"):
             if not any(f.role == role and not f.derived for f in self.fields):
                 raise SchemaError(f"schema needs at least one {role} field")

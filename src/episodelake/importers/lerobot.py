@@ -379,6 +379,9 @@ def load(
     if task_field is not None:
         fields.append(task_field)
         keys[task_field.key] = "task_index"
+    if recorded is not None:  # the source's field order
+        order = {key: i for i, key in enumerate(recorded)}
+        fields.sort(key=lambda f: order.get(keys[f.key], len(order)))
     meta = (
         [FieldSpec.from_json(_importable(f.to_json())) for f in source.record_meta.values()]
         if source.record_meta is not None
