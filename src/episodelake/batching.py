@@ -40,6 +40,7 @@ import numpy as np
 
 from .episode import extra_rows, rows_for
 from .errors import CorruptionError
+from .faults import storage_fault
 from .layout import chunk_parts
 from .location import Location
 from .schema import FieldSpec
@@ -119,6 +120,7 @@ class ChunkFiles:
         self.chunk_rows = chunk_rows
         self.field = field
         self.row_shape = field.shape
+        self.dataset = ""  # named by storage faults
         self._maps: dict[int, tuple[mmap.mmap, np.ndarray]] = {}
 
     @classmethod
@@ -128,7 +130,9 @@ class ChunkFiles:
         if found is None:
             return None
         rows, chunk_rows = found
-        return cls(loc.child(*array_parts(writer, field)), rows, chunk_rows, field)
+        files = cls(loc.child(*array_parts(writer, field)), rows, chunk_rows, field)
+        files.dataset = loc.url
+        return files
 
     def chunk(self, c: int, episode_id: int) -> tuple[mmap.mmap, np.ndarray]:
         """Chunk ``c``'s mapping and its rows as a read-only array over it."""
@@ -153,6 +157,11 @@ class ChunkFiles:
             raise CorruptionError(
                 f"episode {episode_id}: field {self.field.key!r}: chunk file {path} is missing"
             ) from exc
+        except OSError as exc:  # permission denied, I/O error: the storage failed (CorruptionError passes)
+            err = storage_fault(exc, dataset=self.dataset, object=path, doing=f"reading episode {episode_id}")
+            if err is None:
+                raise
+            raise err from exc
         if len(self._maps) >= MAX_MAPPED_CHUNKS:
             self._maps.clear()  # dropped mappings unmap once no batch copy is in flight
         self._maps[c] = entry

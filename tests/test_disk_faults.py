@@ -1,0 +1,243 @@
+"""Local disk faults: a file system that fills up under a writer, a read-only mount, unreadable tensor files.
+
+Each writer runs tests/scripts/disk_faults.py in a real subprocess on a small
+tmpfs (``mount -t tmpfs -o size=...``) filled up to a few hundred KiB by a
+ballast file, so the disk fills after a few dozen episodes; removing the
+ballast frees space. The parent then reopens the dataset (a fresh process:
+this one never opened it before) and compares every visible episode with the
+ground truth regenerated from ``(seed, index)`` (tests/workers/common.episode),
+so nothing committed is lost and nothing partial is visible. The read-only
+case bind-mounts a dataset and remounts the bind read-only. Mounting needs
+root (CAP_SYS_ADMIN): the tests skip, saying so, where it is not permitted.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import episodelake as el
+
+from .workers.common import assert_all_match, crash_schema, episode, write_stepwise
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "tests" / "scripts" / "disk_faults.py"
+SEED = 11
+TMPFS_BYTES = 8 << 20
+FREE_BYTES = 320 << 10  # left free next to the ballast: a few dozen episodes
+
+
+def _mount(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["mount", *args], capture_output=True, text=True)
+
+
+def _umount(path: Path) -> None:
+    subprocess.run(["umount", str(path)], capture_output=True, check=False)
+
+
+@pytest.fixture
+def small_disk(tmp_path) -> Iterator[Path]:
+    """A tmpfs of TMPFS_BYTES, all but FREE_BYTES taken by ``ballast`` (remove it to free space)."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    done = _mount("-t", "tmpfs", "-o", f"size={TMPFS_BYTES}", "tmpfs", str(mnt))
+    if done.returncode:
+        pytest.skip(f"mounting a tmpfs is not permitted here (needs root): {done.stderr.strip()}")
+    try:
+        free = os.statvfs(mnt).f_bavail * os.statvfs(mnt).f_frsize
+        (mnt / "ballast").write_bytes(b"\0" * (free - FREE_BYTES))
+        yield mnt
+    finally:
+        _umount(mnt)
+
+
+def run_writer(mode: str, url: str, *flags: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, str(SCRIPT), mode, url, str(SEED), *flags],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT,
+    )
+
+
+def read_line(proc: subprocess.Popen) -> dict:
+    line = proc.stdout.readline()
+    if not line:
+        proc.kill()
+        pytest.fail(f"the script ended without a result:\n{proc.communicate(timeout=60)[1]}")
+    return json.loads(line)
+
+
+def check_plain(text: str) -> None:
+    """A message a user can read: no NUL path separators, no terminal colour codes."""
+    assert "\x00" not in text and "\\x00" not in text
+    assert "\x1b[" not in text
+
+
+def indexes(ds: el.Dataset) -> list[int]:
+    return [int(e.meta["index"]) for e in ds.episodes()]
+
+
+def assert_committed(url: str, count: int) -> None:
+    """A fresh open sees exactly episode(SEED, 0..count-1), byte for byte."""
+    ds = el.Dataset.open(url, read_only=True)
+    assert indexes(ds) == list(range(count))
+    assert_all_match(ds, [episode(SEED, i) for i in range(count)])
+
+
+@pytest.mark.parametrize("path", ["tensors", "table"])
+def test_disk_full_raises_storage_error_and_a_later_flush_commits(small_disk, path):
+    url = str(small_disk / "ds")
+    proc = run_writer("fill", url, *(["--tensors"] if path == "tensors" else []))
+    error = read_line(proc)["error"]
+    assert error["storage"] and error["errno"] == errno.ENOSPC, error
+    assert error["dataset"] == url and url in error["text"] and "no space left" in error["text"]
+    assert error["cause"] != "NoneType"  # chained to the library's own error
+    check_plain(error["text"])
+    failed_at = error["index"]
+    assert failed_at >= 2  # at least one commit landed before the disk filled
+    # While the disk is full: a fresh reader sees whole committed episodes only, a prefix of those recorded.
+    seen = indexes(el.Dataset.open(url, read_only=True))
+    assert seen == list(range(len(seen))) and len(seen) <= failed_at
+    assert_committed(url, len(seen))
+    (small_disk / "ballast").unlink()
+    proc.stdin.write("freed\n")
+    proc.stdin.flush()
+    flushed = read_line(proc)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert flushed["flushed"] is not None
+    # The episode whose finish() raised and every one pending with it are committed now, once each.
+    assert_committed(url, failed_at + 1)
+    assert "panicked" not in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("path", ["tensors", "table"])
+def test_exit_at_disk_full_names_the_lost_episodes_once(small_disk, path):
+    url = str(small_disk / "ds")
+    proc = run_writer("exit", url, *(["--tensors"] if path == "tensors" else []))
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err  # the script's own status: it ended normally
+    failed_at = json.loads(out.splitlines()[0])["error"]["index"]
+    ds = el.Dataset.open(url, read_only=True)
+    seen = indexes(ds)
+    assert seen == list(range(len(seen)))
+    assert_all_match(ds, [episode(SEED, i) for i in seen])
+    lost = [i for i in range(failed_at + 1) if i not in seen]
+    assert lost  # the pending episodes could not be committed at exit
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("episodelake: not committed at exit: ")
+    assert f"{len(lost)} finished episode(s)" in lines[0] and "no space left" in lines[0]
+    named = [i for i in range(failed_at + 1) if f"'index': {i}}}" in lines[0]]
+    assert named == lost
+    check_plain(lines[0])
+
+
+def tree_digest(root: Path) -> dict[str, str]:
+    """Every file under ``root`` and the SHA-256 of its bytes."""
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def read_only_mount(tmp_path) -> Iterator[tuple[Path, Path]]:
+    """(source dir holding a dataset ``ds`` of episode(SEED, 0..2), its read-only bind mount)."""
+    src, mnt = tmp_path / "src", tmp_path / "ro"
+    src.mkdir()
+    mnt.mkdir()
+    ds = el.Dataset.create(crash_schema(), str(src / "ds"))
+    for i in range(3):
+        write_stepwise(ds, episode(SEED, i))
+    ds.close()
+    done = _mount("--bind", str(src), str(mnt))
+    if done.returncode:
+        pytest.skip(f"bind mounts are not permitted here (needs root): {done.stderr.strip()}")
+    try:
+        done = _mount("-o", "remount,ro,bind", str(mnt))
+        if done.returncode:
+            pytest.skip(f"remounting read-only is not permitted here: {done.stderr.strip()}")
+        yield src, mnt
+    finally:
+        _umount(mnt)
+
+
+def test_read_only_mount_reads_and_refuses_writes_with_erofs(read_only_mount):
+    src, mnt = read_only_mount
+    before = tree_digest(src)
+    url = str(mnt / "ds")
+    assert_committed(url, 3)  # reading works
+    ds = el.Dataset.open(url)  # a writable open works too (and reads)...
+    assert len(ds) == 3
+    raw = episode(SEED, 3)
+    attempts = {
+        "new_episode": lambda: ds.new_episode({k: v[0] for k, v in raw.obs.items()}),
+        "append_episodes": lambda: ds.append_episodes([raw.as_dict(unwrap_action=True)]),
+        "create": lambda: el.Dataset.create(crash_schema(), str(mnt / "new")),
+    }
+    for name, attempt in attempts.items():  # ...but writing raises StorageError EROFS
+        with pytest.raises(el.StorageError) as info:
+            attempt()
+        err = info.value
+        assert err.errno == errno.EROFS, (name, err)
+        assert isinstance(err, OSError) and "read-only" in str(err), name
+        assert str(mnt) in str(err) and err.dataset.startswith(str(mnt)), name
+        check_plain(str(err))
+    assert tree_digest(src) == before  # nothing was written
+    assert not (src / "new").exists()
+
+
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A directory another user can enter (pytest's own temporary root is private to its user)."""
+    path = Path(tempfile.mkdtemp(prefix="episodelake-faults-"))
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        subprocess.run(["chmod", "-R", "u+rwX", str(path)], check=False)
+        shutil.rmtree(path)
+
+
+def test_prefetch_failure_raises_once_in_the_foreground(shared_dir):
+    """Tensor files made unreadable under a prefetching stream: next() raises StorageError EACCES once."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run the reader as another user")
+    url = str(shared_dir / "ds")
+    ds = el.Dataset.create(crash_schema(), url)
+    ds.append_episodes([episode(SEED, i).as_dict(unwrap_action=True) for i in range(64)])
+    ds.close()
+    subprocess.run(["chmod", "-R", "a+rX", url], check=True)
+    proc = subprocess.Popen(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+         sys.executable, str(SCRIPT), "prefetch", url, str(SEED)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "HOME": str(shared_dir)}, cwd=ROOT,
+    )
+    try:
+        assert read_line(proc) == {"ready": True}
+        subprocess.run(["chmod", "-R", "go-r", str(shared_dir / "ds" / "tensors")], check=True)
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        result = read_line(proc)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        subprocess.run(["chmod", "-R", "a+rX", url], check=False)
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    raised = result["raised"]
+    assert raised["storage"] and raised["errno"] == errno.EACCES, raised
+    check_plain(raised["text"])
+    assert result["after"] == "StopIteration"  # raised once; the stream then ends
+    assert "Traceback" not in err and "panicked" not in err, err
+    assert_all_match(el.Dataset.open(url, read_only=True), [episode(SEED, i) for i in range(64)])
