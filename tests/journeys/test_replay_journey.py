@@ -27,10 +27,12 @@ def fifo_model(committed: list[list[tuple[int, int]]]) -> list[int]:
 
 def test_actor_with_eviction_and_prioritized_learner(tmp_path):
     n = 60
-    result = actor_into_learner(
-        tmp_path, ["replay_actor.py", "ds", str(n), "committed.txt"], ["replay_learner.py", "ds"], timeout=180
-    )
-    assert result["batches"] > 0 and result["new_versions"] >= 1  # the learner's stream took in new commits
+    actor = ["replay_actor.py", "ds", str(n), "committed.txt"]
+    result = actor_into_learner(tmp_path, actor, ["replay_learner.py", "ds"])
+    # the actor went on committing only after the learner's stream was open (a message, not a race), and the
+    # learner's last refresh came after the actor's last commit: the stream took in new versions, up to the last
+    assert result["opened"] < result["actor_version"] == result["version"]
+    assert result["batches"] > 0 and result["new_versions"] >= 1
 
     # what the actor committed: one line per commit, ``k:length`` per episode
     text = (tmp_path / "committed.txt").read_text().splitlines()

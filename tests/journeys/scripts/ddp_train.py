@@ -35,7 +35,7 @@ def stream_for(ds: el.Dataset, rank: int, world: int):
 def worker(rank: int, args: argparse.Namespace, port: int) -> None:
     torch.set_num_threads(1)
     dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=args.world, timeout=timedelta(seconds=60)
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=args.world, timeout=timedelta(seconds=600)
     )
     torch.manual_seed(0)
     ds = el.Dataset.open(args.path, read_only=True)

@@ -9,10 +9,10 @@ the actor wrote (never a partial one) and samples batches. Prints JSON counts.
 from __future__ import annotations
 
 import json
-import select
 import sys
 
 import numpy as np
+from pipe import Lines
 
 import episodelake as el
 
@@ -24,17 +24,17 @@ def expected(k: int) -> tuple[np.ndarray, np.ndarray]:
     return (11 * k + t) % 256, (k + t[1:] / 1000).astype(np.float32)
 
 
-assert sys.stdin.readline().strip() == "created"
+messages = Lines(sys.stdin.fileno())
+assert messages.next(block=True) == "created"
 ds = el.Dataset.open(sys.argv[1], read_only=True)
 verified: set[int] = set()
 refreshes = batches = 0
 committed, done = 0, None
 while True:
-    ready = done is None and select.select([sys.stdin], [], [], 0.02)[0]  # waits on the pipe, not a sleep
-    if ready:
-        line = sys.stdin.readline()
-        if not line:
-            sys.exit("online_learner: the actor ended without 'done'")
+    line = None if done is not None else messages.next(block=False)  # one message per round, if one came
+    if line is None and messages.eof and done is None:
+        sys.exit("online_learner: the actor ended without 'done'")
+    if line is not None:
         word, n = line.split()
         if word == "committed":
             committed = int(n)
