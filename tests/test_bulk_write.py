@@ -238,7 +238,7 @@ KILLED_IMPORT = textwrap.dedent(
 def test_killed_import_leaves_whole_committed_batches(tmp_path):
     path = str(tmp_path / "ds")
     proc = subprocess.run(
-        [sys.executable, "-c", KILLED_IMPORT, path], cwd=os.getcwd(), capture_output=True, timeout=120
+        [sys.executable, "-c", KILLED_IMPORT, path], cwd=os.getcwd(), capture_output=True, timeout=600
     )
     assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()
     ds = el.Dataset.open(path)

@@ -87,7 +87,7 @@ def run_concurrent(path: str, writers: int, episodes: int, per_commit: int, chec
             if pinned is None:
                 pinned = (reader, origins(reader))
     for p in procs:
-        assert p.wait(timeout=120) == 0, p.stderr.read()
+        assert p.wait(timeout=600) == 0, p.stderr.read()
     reader, before = pinned
     assert origins(reader) == before  # its snapshot did not move while others committed
     assert len(early) == 0

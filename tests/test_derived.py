@@ -317,7 +317,7 @@ def test_a_second_process_sees_an_update_after_refresh(tmp_path):
         "import sys, episodelake as el; ds = el.Dataset.open(sys.argv[1]); ds.update({'priority': [7.0] * len(ds)})"
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    subprocess.run([sys.executable, "-c", script, path], env=env, check=True, timeout=120)
+    subprocess.run([sys.executable, "-c", script, path], env=env, check=True, timeout=600)
     assert np.isnan(reader.sql_numpy("SELECT priority FROM episodes")["priority"]).all()  # pinned until refresh
     reader.refresh()
     assert reader.sql_numpy("SELECT priority FROM episodes")["priority"].tolist() == [7.0] * 8

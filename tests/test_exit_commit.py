@@ -55,11 +55,11 @@ def wait_ready(proc: subprocess.Popen) -> None:
     line = proc.stdout.readline()
     if line != "ready\n":
         proc.kill()
-        pytest.fail(f"script did not get ready: {line!r}\n{proc.communicate(timeout=60)[1]}")
+        pytest.fail(f"script did not get ready: {line!r}\n{proc.communicate(timeout=600)[1]}")
 
 
 def finish(proc: subprocess.Popen) -> tuple[int, str]:
-    _, err = proc.communicate(timeout=120)
+    _, err = proc.communicate(timeout=600)
     return proc.returncode, err
 
 
@@ -168,8 +168,8 @@ def test_a_forked_child_never_commits_the_parents_episodes(tmp_path):
     queue = ctx.Queue()
     child = ctx.Process(target=_child_reads, args=(ds, queue))
     child.start()
-    seen = queue.get(timeout=60)
-    child.join(timeout=60)
+    seen = queue.get(timeout=600)
+    child.join(timeout=600)
     assert child.exitcode == 0
     assert seen == 0  # the parent's pending episodes are not the child's to commit
     assert el.Dataset.open(path).version == 0

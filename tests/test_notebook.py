@@ -39,7 +39,7 @@ def test_episode_stats_notebook(tmp_path, monkeypatch):
 
     nb = nbformat.read(NOTEBOOK, as_version=4)
     NotebookClient(
-        nb, kernel_name=python3_kernel(), timeout=120, resources={"metadata": {"path": str(tmp_path)}}
+        nb, kernel_name=python3_kernel(), timeout=600, resources={"metadata": {"path": str(tmp_path)}}
     ).execute()
 
     outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.outputs]

@@ -425,25 +425,24 @@ def test_prefetch_queue_is_bounded(small_ds):
 
     ds, _ = small_ds
     calls = []
-    lock = threading.Lock()
+    sampled = threading.Condition()
 
     class Counting:
         def sample(self, index, batch_size):
-            with lock:
+            with sampled:
                 calls.append(1)
+                sampled.notify_all()
             return np.arange(batch_size) % len(index)
 
     stream = ds.segment_stream(sequence_length=2, batch_size=4, sampler=Counting(), prefetch=2)
     stream.sample()
     queue = stream._prefetcher.queue
-    deadline = threading.Event()
-    for _ in range(400):  # the thread fills the queue, then blocks on put
-        if queue.full():
-            break
-        deadline.wait(0.01)
+    # the thread plans a batch (one sampler call), queues it, and goes on: the 4th call (1 taken, 2 queued,
+    # 1 waiting to be queued) is the event to wait for, whatever the machine's speed; 600 s only guards a hang
+    with sampled:
+        assert sampled.wait_for(lambda: len(calls) >= 4, timeout=600)
     assert queue.full() and queue.maxsize == 2
-    stream._prefetcher._thread.join(timeout=0.2)  # it stays blocked: no more sampling
-    assert len(calls) == 1 + 2 + 1
+    assert len(calls) == 1 + 2 + 1 and stream._prefetcher._thread.is_alive()  # blocked on put, not sampling on
     stream.close()
 
 

@@ -146,7 +146,7 @@ def test_another_process_sees_only_committed_episodes_after_refresh(tmp_path):
         assert ask("refresh") == "5 5"
     finally:
         reader.stdin.close()
-        assert reader.wait(timeout=60) == 0
+        assert reader.wait(timeout=600) == 0
     assert_all_match(el.Dataset.open(path), [episode(SEED, i) for i in range(5)])
     np.testing.assert_array_equal(ds.episode_ids, el.Dataset.open(path).episode_ids)
 

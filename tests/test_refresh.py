@@ -213,7 +213,7 @@ def test_a_commit_does_not_wait_for_the_compaction_it_triggered(tmp_path, monkey
     for k in range(table_mod.COMPACT_EVERY):
         write(ds, [k])
     compactor = ds._store.table.compactor
-    assert compactor is not None and started.wait(timeout=60)
+    assert compactor is not None and started.wait(timeout=600)
     for k in range(table_mod.COMPACT_EVERY, table_mod.COMPACT_EVERY + 3):
         write(ds, [k])  # returns while the compaction is held
     assert compactor.is_alive()

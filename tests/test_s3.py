@@ -170,7 +170,7 @@ def _rows(x: int):
 def _append_worker(url: str, opts: dict, seed: int, n: int, barrier) -> None:
     ds = el.Dataset.open(url, storage_options=opts, commit_episodes=1)
     eps = make_episodes(seed, n)
-    barrier.wait(timeout=60)
+    barrier.wait(timeout=600)
     for e in eps:  # one append per episode: with commit_episodes=1 each is its own (racing) commit
         ds.append_episodes([e.as_dict(unwrap_action=True)])
     ds.flush()
@@ -186,7 +186,7 @@ def test_two_writer_processes_append_concurrently(s3_server, s3_url):
     for p in procs:
         p.start()
     for p in procs:
-        p.join(timeout=240)
+        p.join(timeout=600)
     assert [p.exitcode for p in procs] == [0, 0]
     ds = el.Dataset.open(s3_url, storage_options=opts)
     assert len(ds) == 2 * n and ds.version == 2 * n  # one commit per episode, none lost

@@ -255,7 +255,7 @@ def test_a_dataset_recreated_at_the_same_url_never_reads_the_old_entries(s3_serv
 def test_prefetch_builds_several_batches_at_once(lakes, s3_server):
     """Two builds must meet at a barrier inside batch assembly: only concurrent builds get past it."""
     ds, raw = lakes["raw"]
-    barrier = threading.Barrier(2, timeout=60)
+    barrier = threading.Barrier(2, timeout=600)
 
     def meet(x: np.ndarray) -> np.ndarray:
         barrier.wait()
