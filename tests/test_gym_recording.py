@@ -461,11 +461,17 @@ def test_custom_schema_keeps_seed_and_env_id(tmp_path):
     bad = el.DatasetSchema([*schema, el.FieldSpec("seed", (), "str", role="meta")])
     with pytest.raises(el.SchemaError, match="'seed' is str"):
         RecordEpisodes(env, None, schema=bad)
-    with pytest.raises(el.SchemaError, match="env_index"):  # a single-env dataset for a vector recorder
-        RecordVectorEpisodes(SyncVectorEnv([lambda: gym.make(REACH)]), rec.dataset)
+    # A Dataset passed in is recorded into as it is: only the recorder meta it declares is filled in.
+    vrec = RecordVectorEpisodes(SyncVectorEnv([lambda: gym.make(REACH)]), rec.dataset, meta={"task": "v"})
+    vrec.reset(seed=7)
+    vrec.step(np.array([0]))
+    vrec.close()
     plain = el.Dataset.create(schema)
-    with pytest.raises(el.SchemaError, match=r"lacks the meta field\(s\) \['seed', 'env_id'\]"):
-        RecordEpisodes(env, plain)
+    prec = RecordEpisodes(env, plain, meta={"task": "plain"}, keep_partial=True)
+    prec.reset(seed=3)
+    prec.step(0)
+    prec.close()
+    assert plain.episode(0).meta == {"task": "plain"}
     with pytest.raises(el.SchemaError, match="no field for info key"):
         RecordEpisodes(env, rec.dataset, info_keys=["pos"])
 

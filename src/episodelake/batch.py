@@ -27,10 +27,10 @@ from typing import Any, cast
 import numpy as np
 
 from .batching import typed_meta
-from .episode import rows_for
+from .episode import python_meta, rows_for
 from .errors import ArgumentError
 from .schema import DatasetSchema, role_of
-from .segments import RoleView, Segment
+from .segments import RoleView, Segment, lookup, role_value
 
 
 class SegmentBatch(Segment):
@@ -128,10 +128,7 @@ def _collate_meta(schema: Any, items: list[Segment]) -> tuple[dict[str, np.ndarr
 
 def unbatch(batch: Segment, i: int) -> Segment:
     """Item ``i`` of a batch as a single Segment (views; meta as Python values, unset ones the fill value)."""
-    meta = {}
-    for k, v in batch.meta.flat().items():
-        x = v[i]
-        meta[k] = x.item() if isinstance(x, np.generic) else x
+    meta = {k: python_meta(v[i]) for k, v in batch.meta.flat().items()}
     meta_mask = {k: bool(v[i]) for k, v in batch.meta_mask.flat().items()}
     return Segment(
         batch.schema,
@@ -168,11 +165,14 @@ class Transitions:
         self.weights = weights
 
     def _role(self, role: str, sel: Any) -> Any:
-        fields = self.schema.role_fields(role_of(role))
-        items = {f.name: self.buffers[f.key][sel] for f in fields}
-        if self.schema.unwrapped(role_of(role)):
-            return next(iter(items.values()))
-        return RoleView(items)
+        role = role_of(role)
+        items = {f.name: self.buffers[f.key][sel] for f in self.schema.role_fields(role)}
+        return role_value(items, role, self.schema.unwrapped(role))
+
+    def __getitem__(self, key: str) -> Any:
+        """A field or view by key, as for segments (:func:`~episodelake.segments.lookup`):
+        ``tr["observation/state"]``, ``tr["next_obs"]``, ``tr["meta/task"]``, ``tr["discount"]``."""
+        return lookup(self, self.schema, key, {k: v for k, v in self.buffers.items() if "/" not in k})
 
     def _obs_sel(self, first: int) -> tuple[slice, Any]:
         k = self.history
@@ -199,16 +199,16 @@ class Transitions:
 
     @property
     def extra(self) -> Any:
-        return self._role("extra", (slice(None),)) if self.schema.role_fields("extra") else RoleView({})
+        return self._role("extra", (slice(None),)) if self.schema.role_fields("extra") else RoleView({}, "extra")
 
     @property
     def meta(self) -> RoleView:
-        return RoleView({k[5:]: v for k, v in self.buffers.items() if k.startswith("meta/")})
+        return RoleView({k[5:]: v for k, v in self.buffers.items() if k.startswith("meta/")}, "meta")
 
     @property
     def meta_mask(self) -> RoleView:
         """False where an episode's meta value is unset (the value then holds the fill value)."""
-        return RoleView({k[10:]: v for k, v in self.buffers.items() if k.startswith("meta_mask/")})
+        return RoleView({k[10:]: v for k, v in self.buffers.items() if k.startswith("meta_mask/")}, "meta_mask")
 
     def __getattr__(self, name: str) -> Any:
         # terminated, truncated, discount, n_steps, obs_mask, next_obs_mask, action_mask, episode_id, start

@@ -1,7 +1,10 @@
 """Checks of values offered for writing, before anything changes.
 
 Values are accepted when their kind is the schema's or narrower (bool -> int ->
-float -> complex), integers fit the target dtype, shapes match exactly, and
+float -> complex), integers fit the target dtype, finite numbers fit a float
+or complex target's range (a conversion that only rounds, float64 -> float32,
+is allowed; one that would turn ``1e40`` into ``inf`` is not; inf and NaN
+given as such stay what they are), shapes match exactly,
 ``FieldSpec(finite=True)`` fields hold no NaN/inf, and ``required`` meta
 fields have a value when an episode is handed over. Errors are
 :class:`ValidationError` naming the field and the step.
@@ -9,6 +12,8 @@ fields have a value when an episode is handed over. Errors are
 
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -26,7 +31,8 @@ def check_values(f: FieldSpec, value: Any, lead: tuple[int, ...], where: str) ->
     """Return ``value`` as ``f``'s dtype with shape ``lead + f.shape``, or raise.
 
     Accepted: same or wider kind (bool -> int -> float -> complex), integers
-    within the target's range, finite values when ``f.finite``.
+    within the target's range, finite numbers within a float target's range
+    (rounding allowed), finite values when ``f.finite``.
     """
     try:
         arr = np.asarray(value)
@@ -47,12 +53,55 @@ def check_values(f: FieldSpec, value: Any, lead: tuple[int, ...], where: str) ->
             lo, hi = arr.min(), arr.max()
             if lo < info.min or hi > info.max:
                 raise ValidationError(f"{where}: field {f.key!r} values [{lo}, {hi}] do not fit {dt}")
+        if dt.kind in "fc" and arr.size:
+            _check_float_range(f, arr, bool(lead), where)
         out = arr.astype(dt)
     if f.finite and dt.kind in "fc" and not np.isfinite(out).all():
         bad = np.argwhere(~np.isfinite(out.reshape(len(out), -1) if lead else out.reshape(1, -1)))[0][0]
         step = f" (first at row {bad})" if lead else ""
         raise ValidationError(f"{where}: field {f.key!r} has NaN or infinity{step}")
     return out
+
+
+@functools.cache
+def _float_limit(dt: np.dtype) -> float:
+    """The magnitude from which a value rounds to infinity in float/complex dtype ``dt`` (its parts).
+
+    Round to nearest takes everything below ``max + ulp(max) / 2`` to a finite value (exact in float64
+    for the narrower dtypes); that half ulp and above rounds (ties to even) to infinity.
+    """
+    top = np.finfo(dt).max
+    ulp = float(top) - float(np.nextafter(top, top.dtype.type(0)))  # the same binade as max: its ulp
+    return float(top) + ulp / 2
+
+
+def _source_max(dt: np.dtype) -> float:
+    """The largest magnitude values of dtype ``dt`` (bool, int, float, complex) can have."""
+    if dt.kind == "b":
+        return 1.0
+    return float(np.iinfo(dt).max) if dt.kind in "iu" else float(np.finfo(dt).max)
+
+
+def _check_float_range(f: FieldSpec, arr: np.ndarray, rows: bool, where: str) -> None:
+    """Raise if a finite value of ``arr`` lies beyond the range of ``f``'s float/complex dtype.
+
+    Casting would store it as inf (NumPy only warns); inf and NaN given as such are not this error.
+    """
+    dt = f.np_dtype
+    limit = _float_limit(dt)
+    if _source_max(arr.dtype) < limit:
+        return  # no value of the source dtype can overflow the target
+    parts = (arr.real, arr.imag) if arr.dtype.kind == "c" else (arr,)
+    over = np.zeros(arr.shape, dtype=bool)
+    for part in parts:
+        over |= np.isfinite(part) & ((part >= limit) | (part <= -limit))
+    if not over.any():
+        return
+    first = np.argwhere(over)[0]
+    value = arr[tuple(first)].item()
+    at = f" (first at row {first[0]})" if rows else ""
+    top = float(np.finfo(dt).max)
+    raise ValidationError(f"{where}: field {f.key!r} value {value!r}{at} does not fit {dt} (largest {top!r})")
 
 
 StepPlan = dict[str, tuple[str, np.dtype, tuple[int, ...], bool]]
@@ -86,6 +135,8 @@ def plain_value(dtype: np.dtype, shape: tuple[int, ...], finite: bool, value: An
             return None
         return value
     if type(value) is float and not shape and not finite and dtype.kind in "fc":
+        if abs(value) >= _float_limit(dtype) and not math.isinf(value):
+            return None  # beyond a narrower float's range: check_values refuses it
         return value  # stored by assignment: the same cast check_values' astype does
     return None
 

@@ -27,7 +27,7 @@ from .bulk import append as bulk_append
 from .checks import episode_from_dict
 from .commit import CommitSink
 from .copy import KEEP
-from .episode import rows_for
+from .episode import python_meta, rows_for
 from .errors import ArgumentError, ReadOnlyError
 from .faults import storage_fault
 from .location import Location, resolve
@@ -79,7 +79,8 @@ class EpisodeRef:
 
     @property
     def meta(self) -> dict[str, Any]:
-        return self._snap.meta(self.position)
+        """The episode's meta values as Python scalars (None: unset); shaped fields as arrays of their dtype."""
+        return {k: python_meta(v) for k, v in self._snap.meta(self.position).items()}
 
     def read(self, start: int = 0, stop: int | None = None) -> Segment:
         """Transitions ``[start, stop)`` as a Segment (obs/next_obs share one buffer)."""

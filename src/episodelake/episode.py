@@ -21,6 +21,18 @@ from .schema import DatasetSchema, FieldSpec
 Rows = TypeVar("Rows", int, np.ndarray)
 
 
+def python_meta(value: Any) -> Any:
+    """A meta value as Python code takes it: a NumPy scalar (or 0-d array) becomes the Python scalar
+    (``int``, ``float``, ``bool``, ``complex``, ``str``); None, ``str`` and shaped values (arrays in the
+    field's dtype) stay as they are.
+
+    Why: ``env.reset(seed=meta["seed"])`` and JSON need Python scalars, not ``np.uint64``.
+    """
+    if isinstance(value, np.generic) or (isinstance(value, np.ndarray) and value.ndim == 0):
+        return value.item()
+    return value
+
+
 def extra_rows(f: FieldSpec) -> int:
     """Rows ``f`` holds beyond the episode's transitions: 1 for an observation field, else 0."""
     return 1 if f.role == "observation" else 0

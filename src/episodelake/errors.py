@@ -50,6 +50,16 @@ class CorruptionError(EpisodeLakeError, IOError):
     """Stored data disagrees with its references or checksums."""
 
 
+class FieldKeyError(EpisodeLakeError, KeyError):
+    """A batch, segment, transition batch or role view has no field (or key) of that name.
+
+    The message names the key and lists the ones there are.
+    """
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""  # KeyError would quote the message
+
+
 class CommitConflictError(EpisodeLakeError, RuntimeError):
     """A commit kept conflicting with concurrent writers and was given up."""
 

@@ -29,7 +29,7 @@ import numpy as np
 
 from .checks import check_flags, check_meta, check_values, missing_required, plain_value, split_role, step_plan
 from .commit import CommitSink
-from .episode import FinishedEpisode
+from .episode import FinishedEpisode, python_meta
 from .errors import ArgumentError, EpisodeStateError, ValidationError
 from .schema import STEP_KEYS, DatasetSchema, FieldSpec, flatten_role
 
@@ -99,7 +99,7 @@ class EpisodeMeta(MutableMapping[str, Any]):
         self._writer = writer
 
     def __getitem__(self, name: str) -> Any:
-        return self._writer._meta[name]
+        return python_meta(self._writer._meta[name])
 
     def __setitem__(self, name: str, value: Any) -> None:
         self._writer.set_meta(**{name: value})

@@ -18,8 +18,10 @@ Both recorders take ``info_keys`` (info entries recorded as per-step fields
 ``extra/<key>``), ``outcome`` (meta fields read from the info of an episode's
 last step, e.g. ``{"success": "is_success"}``), and, when they create the
 dataset, ``schema``/``meta_fields``/``compression``/``field_options`` (see
-:func:`schema_for_env`). ``seed``/``env_id`` meta is kept whatever schema is
-passed.
+:func:`schema_for_env`). A dataset the recorder creates always has the
+``seed``/``env_id`` (``env_index``) meta fields, whatever schema is passed; a
+:class:`Dataset` passed in is recorded into as it is: the recorder fills in
+those of them it declares and leaves out the others.
 
 An episode still running when the recorder is reset or closed was cut short:
 it is dropped unless ``keep_partial=True`` (then it is stored with neither
@@ -180,6 +182,11 @@ _AUTO_META = {"seed": "uint64", "env_id": "str", "env_index": "int64"}
 _SCHEMA_OPTIONS = ("schema", "meta_fields", "reward_dtype", "compression", "field_options")
 
 
+def _auto_names(env: gym.Env | VectorEnv) -> tuple[str, ...]:
+    """The meta fields a recorder of ``env`` fills in itself."""
+    return ("seed", "env_id", "env_index") if isinstance(env, VectorEnv) else ("seed", "env_id")
+
+
 def _check_auto_meta(f: FieldSpec) -> None:
     """A declared ``seed``/``env_id``/``env_index`` field must hold what the recorder stores there."""
     want = _AUTO_META[f.name]
@@ -227,8 +234,7 @@ def schema_for_env(
     have = {f.key for f in base}
     fields = base + list(meta_fields) + [f for f in extra_fields if f.key not in have]
     meta = {f.name: f for f in fields if f.role == "meta"}
-    names = ("seed", "env_id", "env_index") if isinstance(env, VectorEnv) else ("seed", "env_id")
-    for name in names:
+    for name in _auto_names(env):
         if name in meta:
             _check_auto_meta(meta[name])
         else:
@@ -332,14 +338,16 @@ class _Recording:
                 raise TypeError(
                     f"create options {sorted(create_options)} only apply when the recorder creates the dataset"
                 )
-            # Rebuilding the schema for the env checks its spaces and its seed/env_id/env_index meta.
-            full = schema_for_env(env, schema=dataset.schema)
-            if full != dataset.schema:
-                missing = [f.name for f in full.meta_fields if f.name not in {m.name for m in dataset.schema}]
-                raise SchemaError(f"the dataset lacks the meta field(s) {missing} the recorder fills in")
+            check_spaces(dataset.schema, *_spaces(env))
+            # The user's own schema (el.schema_from_gym_spaces) may leave seed/env_id out: record only those declared.
+            declared = {f.name: f for f in dataset.schema.meta_fields if f.name in _auto_names(env)}
+            for f in declared.values():
+                _check_auto_meta(f)
+            self.auto_names: frozenset[str] = frozenset(declared)
             self._undeclared(dataset.schema, fail=True)
             self.dataset = dataset
             return
+        self.auto_names = frozenset(_auto_names(env))
         self.path = dataset
         self.schema_options = {k: create_options.pop(k) for k in _SCHEMA_OPTIONS if k in create_options}
         self.create_options = create_options
@@ -360,6 +368,10 @@ class _Recording:
         opts = dict(self.schema_options)
         meta_fields = [*opts.pop("meta_fields", ()), *meta]
         return schema_for_env(self.env, meta_fields=meta_fields, extra_fields=extra, **opts)
+
+    def auto_meta(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """The recorder's own meta (``seed``, ``env_id``, ``env_index``) that the dataset has fields for."""
+        return {k: v for k, v in values.items() if k in self.auto_names}
 
     def _undeclared(self, schema: DatasetSchema, fail: bool = False) -> tuple[list[str], list[str]]:
         """(info keys, outcome meta names) that ``schema`` has no field for."""
@@ -449,7 +461,9 @@ class RecordEpisodes(gym.Wrapper):
     maps meta fields to info keys read at the episode's last step
     (``{"success": "is_success"}``; a key that info lacks gives null). Episodes
     are committed in batches; ``close()`` (or ``dataset.flush()``) commits the
-    rest.
+    rest. A passed Dataset (e.g. ``Dataset.create(schema_from_gym_spaces(...))``)
+    must match the spaces; its episodes get ``seed``/``env_id`` meta only if
+    it declares those fields (:func:`dataset_for_env` declares them).
     """
 
     def __init__(
@@ -493,7 +507,7 @@ class RecordEpisodes(gym.Wrapper):
         self._end_open()
         obs, info = self.env.reset(seed=seed, options=options)
         context = {"seed": seed, "options": options, "info": info, "episode": self.episodes_started}
-        meta = _episode_meta({"seed": seed, "env_id": self._env_id}, self.meta, context)
+        meta = _episode_meta(self._rec.auto_meta({"seed": seed, "env_id": self._env_id}), self.meta, context)
         if self._rec.dataset is None:
             self._start = (obs, meta)
         else:
@@ -606,7 +620,8 @@ class RecordVectorEpisodes(VectorWrapper):
         seed, self._seeds[i] = self._seeds[i], None  # only the first episode after reset() is seeded
         context = {"env_index": i, "seed": seed, "episode": self.episodes_started}
         self.episodes_started += 1
-        return _episode_meta({"seed": seed, "env_id": self._env_id, "env_index": i}, self.meta, context)
+        auto = self._rec.auto_meta({"seed": seed, "env_id": self._env_id, "env_index": i})
+        return _episode_meta(auto, self.meta, context)
 
     def _close_writer(self) -> None:
         w = self._writer
