@@ -39,13 +39,13 @@ from .store import Store
 from .writer import EpisodeWriter, VectorEpisodeWriter
 
 if TYPE_CHECKING:
-    import duckdb
     import pyarrow as pa
     from numpy.typing import ArrayLike
 
     from .batch import Transitions
     from .changes import Changes
     from .maintenance import VacuumReport, ValidationReport
+    from .query import SQLResult
     from .samplers import Sampler
     from .segment_dataset import SegmentDataset
     from .stream import SegmentStream
@@ -182,27 +182,28 @@ class EpisodeCollection:
         return self.snapshot().index["episode_id"][self.positions]
 
     # ---- query (query.py)
-    def sql(self, query: str, params: Any = None) -> duckdb.DuckDBPyRelation | None:
+    def sql(self, query: str, params: Any = None, sandbox: bool = False) -> SQLResult | None:
         """Run SQL over the views ``episodes`` and ``steps`` of this collection.
 
-        Returns DuckDB's lazy relation (None for a statement without a result);
-        ``params`` fills ``?``/``$name`` placeholders.
+        Returns a lazy :class:`~episodelake.query.SQLResult` (None for a statement
+        without a result); ``params`` fills ``?``/``$name`` placeholders;
+        ``sandbox=True`` for untrusted text: one SELECT reading nothing but the views.
         """
         from .query import run_sql
 
-        return run_sql(self, query, params)
+        return run_sql(self, query, params, sandbox)
 
-    def sql_arrow(self, query: str, params: Any = None) -> pa.Table:
+    def sql_arrow(self, query: str, params: Any = None, sandbox: bool = False) -> pa.Table:
         """:meth:`sql` fetched as a ``pyarrow.Table``."""
         from .query import sql_arrow
 
-        return sql_arrow(self, query, params)
+        return sql_arrow(self, query, params, sandbox)
 
-    def sql_numpy(self, query: str, params: Any = None) -> dict[str, np.ndarray]:
+    def sql_numpy(self, query: str, params: Any = None, sandbox: bool = False) -> dict[str, np.ndarray]:
         """:meth:`sql` fetched as NumPy columns (uniform list columns become array axes)."""
         from .query import sql_numpy
 
-        return sql_numpy(self, query, params)
+        return sql_numpy(self, query, params, sandbox)
 
     def where(self, predicate: str, params: Any = None) -> DatasetView:
         """Episodes matching a SQL predicate over the ``episodes`` view; ``params`` binds its ``?``/``$name``."""
@@ -811,7 +812,7 @@ class Dataset(EpisodeCollection):
         if where is not None:
             if not isinstance(where, str):
                 raise ArgumentError(f"delete: where must be a SQL predicate string, got {type(where).__name__}")
-            ids = self.sql_numpy(f"SELECT episode_id FROM episodes WHERE ({where})", params)["episode_id"]
+            ids = self.sql_numpy(f"SELECT episode_id FROM episodes WHERE ({where})", params, True)["episode_id"]
         else:
             assert episode_ids is not None
             ids = check_ids(episode_ids)

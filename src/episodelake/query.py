@@ -14,15 +14,27 @@ the ``.sql`` files shipped in ``episodelake/sql/``:
   field ``<key>`` at row ``t`` and ``next_<key>`` at row ``t + 1``).
 
 For a :class:`~episodelake.dataset.DatasetView` both views hold only the view's
-episodes. Each query gets its own cursor, so a returned relation stays valid
-(and lazy) however many queries follow it.
+episodes. Each query gets its own cursor, so a returned :class:`SQLResult` stays
+valid (and lazy) however many queries follow it.
 
-Damaged table files: the first query of a snapshot checks that every table
-file its log references exists with the logged size (one listing, no file is
-opened, so partition pruning is kept); a missing or truncated file raises
-:class:`~episodelake.errors.CorruptionError` naming it. A scan that fails later
-(damage inside a file) is reported as ``CorruptionError`` too, except from a
-lazy relation returned by :func:`run_sql`, which DuckDB fetches in the caller.
+Errors: every DuckDB error becomes an episodelake error. The user's SQL being
+wrong (it does not parse or bind, or a sandboxed query reaches outside the
+dataset) is a :class:`~episodelake.errors.QueryError`; a scan of the table
+files that fails is a :class:`~episodelake.errors.StorageError` when the storage
+failed (:func:`~episodelake.faults.storage_fault`), else a
+:class:`~episodelake.errors.CorruptionError` naming the damaged file. The first
+query of a snapshot checks that every table file its log references exists with
+the logged size (one listing, no file is opened, so partition pruning is kept).
+A file that is gone because a later version rewrote the table (compaction,
+delete, eviction) and vacuum removed it is not damage: a :class:`Dataset`
+following the latest version moves to it (as ``refresh()`` would) and answers
+from there; a view or a pinned version raises a CorruptionError saying so.
+
+Sandbox: ``where()``, ``select_episodes()``, ``weights=``/``priority=`` SQL and
+``sql(..., sandbox=True)`` run in a second in-process database opened with
+``enable_external_access = false`` (no file, URL, extension or Python-variable
+access: only the registered views) and its configuration locked; sandboxed SQL
+is also limited to one ``SELECT`` statement. A refusal is a QueryError.
 
 ``where()`` runs first over the snapshot's index columns, already in memory
 from its one index scan (:meth:`Snapshot.scan`); a predicate that needs other
@@ -42,8 +54,8 @@ import atexit
 import os
 import threading
 import weakref
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Protocol
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, Protocol, TypeVar
 
 import duckdb
 import numpy as np
@@ -51,6 +63,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .errors import ArgumentError, CorruptionError, EpisodeLakeError, QueryError
+from .faults import storage_fault
 from .schema import DatasetSchema, FieldSpec
 from .snapshot import Snapshot
 from .sql import quote, sql_template
@@ -81,6 +94,9 @@ def next_key(f: FieldSpec) -> str:
 
 
 POSITION = "__position"  # the in-memory index table's column of snapshot positions
+SCAN = "'episode_table'"  # DuckDB names the Arrow stream whose scan failed: the table files, not the SQL
+REPLANS = 3  # moves to a newer version when another process keeps rewriting the table under a query
+T = TypeVar("T")
 
 
 class _SnapshotSQL:
@@ -89,6 +105,7 @@ class _SnapshotSQL:
     def __init__(self, snap: Snapshot) -> None:
         self.snap = snap
         self.db = _database().cursor()
+        self.sandbox = _database(sandbox=True).cursor()
         self.lock = threading.Lock()
         self._stats: StatsTable | None = None
         self._index: pa.Table | None = None
@@ -100,19 +117,30 @@ class _SnapshotSQL:
         """Every table file exists with the size its log entry records, else CorruptionError naming it.
 
         Once per snapshot unless ``again``. A listing, not a read: partition
-        pruning still decides which files a query opens.
+        pruning still decides which files a query opens. A file gone because a
+        later version rewrote the table says so (:func:`rewritten`); a listing
+        the storage refuses is a StorageError.
         """
         with self.lock:
             if self._files_checked and not again:
                 return
             snap = self.snap
-            table = EpisodeTable.open(snap.loc, snap.version)
-            listed = table.stored_files()
+            try:
+                table = EpisodeTable.open(snap.loc, snap.version)
+                listed = table.stored_files()
+            except (OSError, EpisodeLakeError) as exc:
+                doing = f"listing the table files of version {snap.version}"
+                fault = storage_fault(exc, dataset=snap.loc.url, doing=doing)
+                if fault is not None:
+                    raise fault from exc
+                raise
             for add in table.add_actions():
                 path, size = table.file_path(add["path"]), add["size_bytes"]
                 found = listed.get(path)
                 if found is None:
-                    raise CorruptionError(f"{snap.loc.url} version {snap.version}: table file {path} is missing")
+                    raise CorruptionError(
+                        rewritten(snap) or f"{snap.loc.url} version {snap.version}: table file {path} is missing"
+                    )
                 if found != size:
                     raise CorruptionError(
                         f"{snap.loc.url} version {snap.version}: table file {path} has {found} bytes, "
@@ -120,12 +148,21 @@ class _SnapshotSQL:
                     )
             self._files_checked = True
 
-    def scan_failed(self, exc: duckdb.Error) -> CorruptionError | None:
-        """The CorruptionError for a DuckDB error raised while scanning the episode table, else None."""
-        if "'episode_table'" not in str(exc):  # DuckDB names the Arrow stream that failed
-            return None
+    def failure(self, exc: duckdb.Error, what: str) -> EpisodeLakeError:
+        """The episodelake error for DuckDB error ``exc`` of a query (``what`` names it).
+
+        A failed scan of the table files is a StorageError when storage failed,
+        else a CorruptionError naming the damaged file; anything else is the
+        query's fault (QueryError), a sandbox refusal included.
+        """
+        if SCAN not in str(exc):
+            if isinstance(exc, duckdb.PermissionException):
+                return QueryError(
+                    f"{what}: refused, sandboxed SQL reads nothing but the dataset's episodes and steps views: {exc}"
+                )
+            return QueryError(f"{what}: {exc}")
         self.check_files(again=True)  # Arrow caches footers, so list again rather than re-read to find the file
-        return CorruptionError(f"{self.snap.loc.url} version {self.snap.version}: episode table unreadable: {exc}")
+        return self.snap.unreadable(None, exc)  # a storage fault, else the damaged file named
 
     def lookup(self, ids: np.ndarray) -> np.ndarray:
         """Snapshot position of each id, in the given order; unknown ids raise :class:`QueryError`."""
@@ -193,22 +230,32 @@ class _SnapshotSQL:
 
 _STATE: weakref.WeakKeyDictionary[Snapshot, _SnapshotSQL] = weakref.WeakKeyDictionary()
 _STATE_LOCK = threading.Lock()
-_DB: tuple[int, duckdb.DuckDBPyConnection] | None = None
+_DBS: dict[bool, tuple[int, duckdb.DuckDBPyConnection]] = {}  # sandboxed or not -> (pid, database)
 _DB_LOCK = threading.Lock()  # not _STATE_LOCK: _state() holds that while it makes a state, which opens a connection
+# The sandbox: no file system, network, extension or Python-object access (registered Arrow data only), and the
+# configuration locked, so no statement can turn the access back on.
+_SANDBOX: dict[str, str | bool | int | float | list[str]] = {
+    "enable_external_access": False,
+    "autoinstall_known_extensions": False,
+    "autoload_known_extensions": False,
+}
 
 
-def _database() -> duckdb.DuckDBPyConnection:
-    """The process's in-memory DuckDB database; each snapshot (and query) gets its own connection to it.
+def _database(sandbox: bool = False) -> duckdb.DuckDBPyConnection:
+    """The process's in-memory DuckDB database (or its sandboxed twin); snapshots and queries get connections to it.
 
     One database, not one per snapshot: opening a database costs 15-50 ms, a
     connection microseconds, and a new snapshot per commit is a learner's
     refresh. Temporary views and registered tables are per connection.
     """
-    global _DB
     with _DB_LOCK:
-        if _DB is None or _DB[0] != os.getpid():  # a forked process opens its own
-            _DB = (os.getpid(), duckdb.connect())
-        return _DB[1]
+        db = _DBS.get(sandbox)
+        if db is None or db[0] != os.getpid():  # a forked process opens its own
+            con = duckdb.connect(config=_SANDBOX) if sandbox else duckdb.connect()
+            if sandbox:
+                con.execute("SET lock_configuration = true")
+            db = _DBS[sandbox] = (os.getpid(), con)
+        return db[1]
 
 
 @atexit.register
@@ -217,11 +264,13 @@ def _close_databases_at_exit() -> None:
     with _STATE_LOCK:
         states = list(_STATE.values())
     with _DB_LOCK:
-        db = _DB
+        dbs = list(_DBS.values())
     for st in states:
         st.db.close()
-    if db is not None and db[0] == os.getpid():
-        db[1].close()
+        st.sandbox.close()
+    for pid, con in dbs:
+        if pid == os.getpid():
+            con.close()
 
 
 def _state(snap: Snapshot) -> _SnapshotSQL:
@@ -250,20 +299,78 @@ def _steps_columns(snap: Snapshot) -> tuple[str, str]:
     return "".join(f",\n    {u}" for u in unnest), "".join(f",\n    {c}" for c in columns)
 
 
-def connect(collection: EpisodeCollection) -> duckdb.DuckDBPyConnection:
-    """A fresh DuckDB cursor with the ``episodes`` and ``steps`` views of ``collection``."""
-    snap = collection.snapshot()
+def rewritten(snap: Snapshot) -> str | None:
+    """Why ``snap``'s table files are gone when a later version rewrote the table and vacuum removed them, else None.
+
+    That is no damage: compaction, a delete or an eviction replaced the files
+    in a newer version, and a vacuum (another process's, typically) deleted
+    the old ones. The diagnosis lists the log and storage only; where it
+    cannot, the caller's own error stands (None).
+    """
+    try:
+        latest = EpisodeTable.open(snap.loc)
+        if latest.version <= snap.version:
+            return None
+        pinned = EpisodeTable.open(snap.loc, snap.version)
+        listed = pinned.stored_files()
+        gone = sorted(pinned.file_path(p) for p in pinned.file_set() - latest.file_set())
+    except (OSError, EpisodeLakeError):
+        return None
+    gone = [p for p in gone if p not in listed]
+    if not gone:
+        return None
+    more = f" (and {len(gone) - 1} more)" if len(gone) > 1 else ""
+    return (
+        f"{snap.loc.url} version {snap.version}: table file {gone[0]}{more} was removed: a later version "
+        f"(latest {latest.version}) rewrote the table (compaction, delete or eviction) and a vacuum deleted the "
+        f"old files, so version {snap.version} can no longer be read; refresh() the dataset or open a newer version"
+    )
+
+
+def _follows(collection: EpisodeCollection, snap: Snapshot) -> bool:
+    """Move a Dataset following the latest version past ``snap``; whether it moved (views and pins never do)."""
+    refresh = getattr(collection, "refresh", None)
+    if _is_view(collection) or refresh is None:
+        return False
+    refresh()
+    return collection.snapshot().version != snap.version
+
+
+def answer(collection: EpisodeCollection, body: Callable[[Snapshot], T], first: Snapshot | None = None) -> T:
+    """``body(snapshot)``, re-planned on a newer version while another process's rewrite removed the files it read.
+
+    ``first``: the snapshot of the first try (default: the collection's). A
+    CorruptionError that :func:`rewritten` explains is retried on the version
+    a following Dataset moves to (at most :data:`REPLANS` times); otherwise
+    it is raised with that explanation.
+    """
+    snap = first or collection.snapshot()
+    for attempt in range(REPLANS + 1):
+        try:
+            return body(snap)
+        except CorruptionError as exc:
+            why = rewritten(snap)
+            if why is None:
+                raise
+            if attempt == REPLANS or not _follows(collection, snap):
+                raise CorruptionError(why) from exc
+        snap = collection.snapshot()
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def _cursor(snap: Snapshot, ids: np.ndarray | None, sandbox: bool) -> duckdb.DuckDBPyConnection:
+    """A fresh DuckDB cursor with the ``episodes`` and ``steps`` views of ``snap`` (only ``ids``, when given)."""
     state = _state(snap)
     state.check_files()
-    cur = state.db.cursor()
+    cur = (state.sandbox if sandbox else state.db).cursor()
     cur.register("episode_table", snap.arrow_dataset())
     restriction = derived = join = ""
     if snap.derived.fields:
         cur.register("derived_table", snap.derived_values())
         derived = "".join(f", derived_table.{quote(f.key)}" for f in snap.derived.fields)
         join = "LEFT JOIN derived_table USING (episode_id)"
-    if _is_view(collection):
-        cur.register("view_ids", pa.table({"episode_id": pa.array(collection.episode_ids, pa.int64())}))
+    if ids is not None:
+        cur.register("view_ids", pa.table({"episode_id": pa.array(ids, pa.int64())}))
         restriction = "SEMI JOIN view_ids USING (episode_id)"
     cur.execute(sql_template("episodes").substitute(derived=derived, join=join, restriction=restriction))
     unnest, columns = _steps_columns(snap)
@@ -271,35 +378,191 @@ def connect(collection: EpisodeCollection) -> duckdb.DuckDBPyConnection:
     return cur
 
 
-def run_sql(collection: EpisodeCollection, query: str, params: Any = None) -> duckdb.DuckDBPyRelation | None:
-    """Run ``query`` over ``episodes``/``steps``; a lazy DuckDB relation (None for statements without rows).
+def _view_ids(collection: EpisodeCollection) -> np.ndarray | None:
+    return collection.episode_ids if _is_view(collection) else None
+
+
+def connect(collection: EpisodeCollection, sandbox: bool = False) -> duckdb.DuckDBPyConnection:
+    """A fresh DuckDB cursor with the ``episodes`` and ``steps`` views of ``collection`` (sandboxed if asked)."""
+    return _cursor(collection.snapshot(), _view_ids(collection), sandbox)
+
+
+def _check_query(query: Any, what: str, sandbox: bool) -> str:
+    """``query`` if it is SQL text (one SELECT statement when sandboxed), else QueryError."""
+    if not isinstance(query, str) or not query.strip():
+        raise QueryError(f"{what} needs a non-empty SQL string, got {query!r}")
+    if sandbox:
+        try:
+            kinds = [str(st.type).rsplit(".", 1)[-1] for st in duckdb.extract_statements(query)]
+        except duckdb.Error as exc:
+            raise QueryError(f"SQL error in {query!r}: {exc}") from exc
+        if kinds != ["SELECT"]:
+            raise QueryError(
+                f"{what}: sandboxed SQL must be exactly one SELECT statement, got {', '.join(kinds) or 'none'} "
+                f"in {query!r}"
+            )
+    return query
+
+
+class SQLResult:
+    """The rows of one :func:`run_sql` query: lazy, run when fetched, the same on every supported DuckDB.
+
+    Every fetch runs the query again over the snapshot it was planned on,
+    except :meth:`fetchone`/:meth:`fetchmany`, which read on through one run
+    (a fetch that returns fewer rows than asked, or :meth:`fetchall`, ends
+    it). Errors are episodelake's (see the module docstring): a fetch whose
+    table files another process's rewrite removed is re-planned on the latest
+    version when the query came from a Dataset following it.
+    ``relation`` is DuckDB's own relation, for its relational API (its
+    methods and errors are DuckDB's and vary by version).
+    """
+
+    def __init__(
+        self, collection: EpisodeCollection, snap: Snapshot, query: str, params: Any, sandbox: bool, what: str
+    ) -> None:
+        self._collection, self._query, self._params = collection, query, params
+        self._sandbox, self._what = sandbox, what
+        self._ids = _view_ids(collection)
+        self._stream: duckdb.DuckDBPyConnection | None = None
+        self._plan(snap)
+
+    def _plan(self, snap: Snapshot) -> None:
+        """Bind the query over ``snap`` (DuckDB runs statements without rows here, once)."""
+        self._snap = snap
+        try:
+            self._rel = _cursor(snap, self._ids, self._sandbox).sql(self._query, params=self._params)
+        except duckdb.Error as exc:
+            raise _state(snap).failure(exc, self._what) from exc
+
+    @property
+    def relation(self) -> duckdb.DuckDBPyRelation | None:
+        """DuckDB's relation of the query (None for a statement without rows)."""
+        return self._rel
+
+    @property
+    def has_rows(self) -> bool:
+        return self._rel is not None
+
+    def _fetch(self, how: Callable[[duckdb.DuckDBPyRelation], T]) -> T:
+        def body(snap: Snapshot) -> T:
+            if snap is not self._snap:
+                self._plan(snap)
+            assert self._rel is not None
+            try:
+                return how(self._rel)
+            except duckdb.Error as exc:
+                raise _state(snap).failure(exc, self._what) from exc
+
+        return answer(self._collection, body, self._snap)
+
+    def _streamed(self, how: Callable[[duckdb.DuckDBPyConnection], T]) -> T:
+        snap = self._snap
+        try:
+            if self._stream is None:
+                self._stream = _cursor(snap, self._ids, self._sandbox)
+                self._stream.execute(self._query, self._params)
+            return how(self._stream)
+        except duckdb.Error as exc:
+            self._end_stream()
+            raise _state(snap).failure(exc, self._what) from exc
+
+    def _end_stream(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
+
+    def fetchall(self) -> list[tuple[Any, ...]]:
+        """Every row as a tuple (the rest of a run :meth:`fetchone`/:meth:`fetchmany` started)."""
+        if self._stream is not None:
+            rows = self._streamed(lambda cur: cur.fetchall())
+            self._end_stream()
+            return rows
+        return self._fetch(lambda rel: rel.fetchall())
+
+    def fetchone(self) -> tuple[Any, ...] | None:
+        """The next row of the current run (a new run starts after one ended); None past the last row."""
+        row = self._streamed(lambda cur: cur.fetchone())
+        if row is None:
+            self._end_stream()
+        return row
+
+    def fetchmany(self, size: int = 1) -> list[tuple[Any, ...]]:
+        """The next ``size`` rows of the current run (fewer at its end, which ends the run)."""
+        if isinstance(size, bool) or not isinstance(size, int | np.integer) or size < 0:
+            raise ArgumentError(f"fetchmany: size must be an int >= 0, got {size!r}")
+        rows = self._streamed(lambda cur: cur.fetchmany(int(size)))
+        if len(rows) < size:
+            self._end_stream()
+        return rows
+
+    def df(self) -> Any:
+        """The rows as a pandas DataFrame."""
+        return self._fetch(lambda rel: rel.df())
+
+    fetchdf = df
+
+    def pl(self) -> Any:
+        """The rows as a polars DataFrame."""
+        return self._fetch(lambda rel: rel.pl())
+
+    def fetchnumpy(self) -> dict[str, np.ndarray]:
+        """The rows as NumPy columns (NULLs masked), as DuckDB converts them."""
+        return self._fetch(lambda rel: rel.fetchnumpy())
+
+    def to_arrow_table(self) -> pa.Table:
+        """The rows as a ``pyarrow.Table``."""
+        return self._fetch(lambda rel: rel.to_arrow_table())
+
+    fetch_arrow_table = to_arrow_table
+
+    def arrow(self, batch_size: int = 1_000_000) -> pa.RecordBatchReader:
+        """The rows as a ``pyarrow.RecordBatchReader`` of up to ``batch_size`` rows a batch, streamed."""
+        reader = self._fetch(lambda rel: rel.to_arrow_reader(batch_size))
+        snap = self._snap
+
+        def batches() -> Iterator[pa.RecordBatch]:
+            try:
+                yield from reader
+            except (duckdb.Error, pa.ArrowException) as exc:  # DuckDB's error may reach us through Arrow's stream
+                raise _state(snap).failure(duckdb.Error(str(exc)), self._what) from exc
+
+        return pa.RecordBatchReader.from_batches(reader.schema, batches())
+
+    @property
+    def columns(self) -> list[str]:
+        """The result's column names."""
+        assert self._rel is not None
+        return list(self._rel.columns)
+
+    @property
+    def types(self) -> list[str]:
+        """The result's DuckDB column types, as text (``BIGINT``, ``VARCHAR[]``, ...)."""
+        assert self._rel is not None
+        return [str(t) for t in self._rel.types]
+
+    def __repr__(self) -> str:
+        return self._fetch(lambda rel: repr(rel))
+
+
+def run_sql(collection: EpisodeCollection, query: str, params: Any = None, sandbox: bool = False) -> SQLResult | None:
+    """Run ``query`` over ``episodes``/``steps``: a lazy :class:`SQLResult` (None for statements without rows).
 
     ``params`` binds ``?`` or ``$name`` placeholders (a sequence or a mapping).
+    ``sandbox``: one SELECT statement that reads nothing but the views.
     """
-    if not isinstance(query, str) or not query.strip():
-        raise QueryError(f"query must be a non-empty SQL string, got {query!r}")
+    _check_query(query, "sql()", sandbox)
     check_params(params, "sql()")
-    cur = connect(collection)
-    try:
-        return cur.sql(query, params=params)
-    except duckdb.Error as exc:
-        raise _fetch_error(collection, exc, f"SQL error in {query!r}") from exc
+    what = f"SQL error in {query!r}"
+    result = answer(collection, lambda snap: SQLResult(collection, snap, query, params, sandbox, what))
+    return result if result.has_rows else None
 
 
-def sql_arrow(collection: EpisodeCollection, query: str, params: Any = None) -> pa.Table:
+def sql_arrow(collection: EpisodeCollection, query: str, params: Any = None, sandbox: bool = False) -> pa.Table:
     """The result of ``query`` as an Arrow table."""
-    rel = run_sql(collection, query, params)
-    if rel is None:
+    result = run_sql(collection, query, params, sandbox)
+    if result is None:
         raise QueryError(f"query {query!r} returns no rows to fetch")
-    try:
-        return rel.to_arrow_table()
-    except duckdb.Error as exc:
-        raise _fetch_error(collection, exc, f"SQL error in {query!r}") from exc
-
-
-def _fetch_error(collection: EpisodeCollection, exc: duckdb.Error, what: str) -> EpisodeLakeError:
-    """A DuckDB error while fetching: CorruptionError when the table scan failed, else QueryError."""
-    return _state(collection.snapshot()).scan_failed(exc) or QueryError(f"{what}: {exc}")
+    return result.to_arrow_table()
 
 
 def column_numpy(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
@@ -315,38 +578,22 @@ def column_numpy(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
     return arr.to_numpy(zero_copy_only=False).reshape(shape)
 
 
-def sql_numpy(collection: EpisodeCollection, query: str, params: Any = None) -> dict[str, np.ndarray]:
+def sql_numpy(
+    collection: EpisodeCollection, query: str, params: Any = None, sandbox: bool = False
+) -> dict[str, np.ndarray]:
     """The result of ``query`` as NumPy columns (see :func:`column_numpy`)."""
-    tbl = sql_arrow(collection, query, params)
+    tbl = sql_arrow(collection, query, params, sandbox)
     return {name: column_numpy(tbl.column(name)) for name in tbl.column_names}
 
 
-def _subset(collection: EpisodeCollection, ids: np.ndarray) -> tuple[Snapshot, np.ndarray]:
-    """The collection's snapshot and the positions of ``ids`` in it (episode order, no duplicates)."""
-    snap = collection.snapshot()
-    return snap, _state(snap).positions_of(ids)
-
-
-def _episode_ids(
-    collection: EpisodeCollection,
-    cur: duckdb.DuckDBPyConnection,
-    relation: Callable[[duckdb.DuckDBPyConnection], duckdb.DuckDBPyRelation | None],
-    what: str,
-) -> np.ndarray:
-    """The ``episode_id`` column of ``relation(cur)``, validated; DuckDB errors become QueryError."""
-    try:
-        rel = relation(cur)
-        if rel is None:
-            raise QueryError(f"{what}: the query returns no rows")
-        tbl = rel.to_arrow_table()
-    except duckdb.Error as exc:
-        raise _fetch_error(collection, exc, what) from exc
+def _positions_of(snap: Snapshot, tbl: pa.Table, what: str) -> np.ndarray:
+    """Snapshot positions (episode order, no duplicates) of the validated ``episode_id`` column of ``tbl``."""
     if "episode_id" not in tbl.column_names:
         raise QueryError(f"{what}: the query must return an episode_id column, got {tbl.column_names}")
     ids = tbl.column("episode_id")
     if not pa.types.is_integer(ids.type) or ids.null_count:
         raise QueryError(f"{what}: episode_id must be non-null integers, got {ids.type}")
-    return ids.to_numpy()
+    return _state(snap).positions_of(ids.to_numpy())
 
 
 def check_params(params: Any, what: str) -> Any:
@@ -373,58 +620,57 @@ def where(collection: EpisodeCollection, predicate: str, params: Any = None) -> 
     Returns the snapshot queried and their positions in it. ``predicate`` must
     parse as one SQL expression (anything else is a :class:`QueryError`);
     ``params`` binds its ``?`` or ``$name`` placeholders (a sequence or a
-    mapping), by DuckDB. The predicate runs over the in-memory index columns
-    when it uses only those, else over ``episodes``.
+    mapping), by DuckDB. It runs sandboxed (it reads nothing but the
+    dataset), over the in-memory index columns when it uses only those, else
+    over ``episodes``.
     """
     _predicate(predicate, "where()")
     check_params(params, "where()")
-    snap = collection.snapshot()
-    state = _state(snap)
-    state.check_files()
-    cur = state.db.cursor()
-    cur.register("episode_index", state.index_table(collection.positions if _is_view(collection) else None))
     what = f"invalid where() predicate {predicate!r}"
     # the predicate on lines of its own: a trailing -- comment cannot reach the closing parenthesis
     condition = " WHERE (\n" + predicate + "\n)"
-    try:
+
+    def body(snap: Snapshot) -> tuple[Snapshot, np.ndarray]:
+        state = _state(snap)
+        state.check_files()
+        cur = state.sandbox.cursor()
+        cur.register("episode_index", state.index_table(collection.positions if _is_view(collection) else None))
         try:
-            found = cur.sql(f"SELECT {quote(POSITION)} FROM episode_index" + condition, params=params)
-            positions = found.to_arrow_table().column(0).to_numpy()
-        except (duckdb.BinderException, duckdb.CatalogException):  # needs more than the index: other columns, views
-            ids = _episode_ids(
-                collection,
-                connect(collection),
-                lambda c: c.sql("SELECT episode_id FROM episodes" + condition, params=params),
-                what,
-            )
-            return _subset(collection, ids)
-    except duckdb.Error as exc:
-        raise _fetch_error(collection, exc, what) from exc
-    return snap, np.sort(positions)
+            try:
+                found = cur.sql(f"SELECT {quote(POSITION)} FROM episode_index" + condition, params=params)
+                return snap, np.sort(found.to_arrow_table().column(0).to_numpy())
+            except (duckdb.BinderException, duckdb.CatalogException):  # needs more than the index: other columns
+                query = "SELECT episode_id FROM episodes" + condition
+                tbl = _cursor(snap, _view_ids(collection), True).sql(query, params=params).to_arrow_table()
+                return snap, _positions_of(snap, tbl, what)
+        except duckdb.Error as exc:
+            raise state.failure(exc, what) from exc
+
+    return answer(collection, body)
 
 
 def select_episodes(collection: EpisodeCollection, query: str, params: Any = None) -> tuple[Snapshot, np.ndarray]:
     """The episodes whose ``episode_id`` the SQL ``query`` returns (duplicates count once).
 
     Returns the snapshot queried and their positions in it. ``params`` binds the
-    query's placeholders. Ids outside ``collection`` raise :class:`QueryError`.
+    query's placeholders. The query runs sandboxed (one SELECT that reads
+    nothing but the views). Ids outside ``collection`` raise :class:`QueryError`.
     """
-    if not isinstance(query, str) or not query.strip():
-        raise QueryError(f"select_episodes() needs a SQL query string, got {query!r}")
+    _check_query(query, "select_episodes()", True)
     check_params(params, "select_episodes()")
-    ids = _episode_ids(
-        collection,
-        connect(collection),
-        lambda cur: cur.sql(query, params=params),
-        f"invalid select_episodes() query {query!r}",
-    )
-    snap, positions = _subset(collection, ids)
-    if _is_view(collection):
-        outside = np.setdiff1d(positions, collection.positions)
-        if len(outside):
-            bad = snap.index["episode_id"][outside][:10].tolist()
-            raise QueryError(f"select_episodes(): episode ids not in this view: {bad}")
-    return snap, positions
+    what = f"invalid select_episodes() query {query!r}"
+
+    def body(snap: Snapshot) -> tuple[Snapshot, np.ndarray]:
+        result = SQLResult(collection, snap, query, params, True, what)
+        positions = _positions_of(snap, result.to_arrow_table(), what)
+        if _is_view(collection):
+            outside = np.setdiff1d(positions, collection.positions)
+            if len(outside):
+                bad = snap.index["episode_id"][outside][:10].tolist()
+                raise QueryError(f"select_episodes(): episode ids not in this view: {bad}")
+        return snap, positions
+
+    return answer(collection, body)
 
 
 def stats(collection: EpisodeCollection, fields: Iterable[str] | None = None) -> dict[str, dict[str, Any]]:
@@ -438,22 +684,26 @@ def stats(collection: EpisodeCollection, fields: Iterable[str] | None = None) ->
     without channels gives floats. An empty subset gives NaN. Computed from the
     commit-time statistics of the collection's episodes; no tensor is read.
     """
-    snap = collection.snapshot()
-    specs = stat_fields(snap.schema, fields)
-    scan = snap.scan()
-    state = _state(snap)
-    # sorted scan rows: sequential gathers (statistics of a set do not depend on its order)
-    rows = np.sort(scan.order[collection.positions]) if _is_view(collection) else np.arange(len(scan.order))
-    table = state.stats_table([f for f in specs if not f.derived], rows)
-    length, returns, has_return = state.episode_values()
-    out: dict[str, dict[str, Any]] = {
-        "episodes": {"count": len(rows)},
-        "length": value_moments(length[rows]),
-        "return": value_moments(returns[rows[has_return[rows]]]),
-    }
-    for f in specs:
-        out[f.key] = _derived_moments(snap, f, collection.positions) if f.derived else table.aggregate(f, rows)
-    return out
+
+    def body(snap: Snapshot) -> dict[str, dict[str, Any]]:
+        specs = stat_fields(snap.schema, fields)
+        scan = snap.scan()
+        state = _state(snap)
+        positions = collection.positions if _is_view(collection) else np.arange(snap.num_episodes)
+        # sorted scan rows: sequential gathers (statistics of a set do not depend on its order)
+        rows = np.sort(scan.order[positions]) if _is_view(collection) else np.arange(len(scan.order))
+        table = state.stats_table([f for f in specs if not f.derived], rows)
+        length, returns, has_return = state.episode_values()
+        out: dict[str, dict[str, Any]] = {
+            "episodes": {"count": len(rows)},
+            "length": value_moments(length[rows]),
+            "return": value_moments(returns[rows[has_return[rows]]]),
+        }
+        for f in specs:
+            out[f.key] = _derived_moments(snap, f, positions) if f.derived else table.aggregate(f, rows)
+        return out
+
+    return answer(collection, body)
 
 
 def _derived_moments(snap: Snapshot, f: FieldSpec, positions: np.ndarray) -> dict[str, Any]:

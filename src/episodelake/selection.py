@@ -39,6 +39,7 @@ def episode_weights(collection: Any, snap: Snapshot, positions: np.ndarray, weig
     ``"CASE WHEN success THEN 4 ELSE 1 END"``), a SQL query returning
     ``episode_id`` and ``weight`` columns (episodes it omits get weight 0),
     or one number per episode of ``collection`` (before any ``where``/``filter``).
+    SQL runs sandboxed (it reads nothing but the dataset; else QueryError).
     """
     if not isinstance(weights, str):
         w = np.asarray(weights, dtype=np.float64)
@@ -53,7 +54,7 @@ def episode_weights(collection: Any, snap: Snapshot, positions: np.ndarray, weig
         query = text
     else:
         query = f"SELECT episode_id, CAST(({text}) AS DOUBLE) AS weight FROM episodes"
-    cols = collection.sql_numpy(query)
+    cols = collection.sql_numpy(query, sandbox=True)  # configs and command lines carry weights: read nothing else
     if "episode_id" not in cols or "weight" not in cols:
         raise ArgumentError(f"weights query must return episode_id and weight columns, got {sorted(cols)}")
     by_id = dict(zip(cols["episode_id"].tolist(), cols["weight"].tolist(), strict=True))

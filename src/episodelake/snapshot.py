@@ -33,7 +33,8 @@ import tensorstore as ts
 from . import layout
 from .derived import ID, DerivedState, side_values
 from .episode import extra_rows, rows_for
-from .errors import CorruptionError
+from .errors import CorruptionError, StorageError
+from .faults import storage_fault
 from .growable import append_rows
 from .schema import FieldSpec, from_storage, storage_dtype
 from .store import Store
@@ -247,13 +248,21 @@ class Snapshot:
         try:
             return (dataset or self.arrow_dataset()).to_table(columns=columns)
         except (OSError, pa.ArrowException) as exc:
-            raise self._unreadable(columns, exc) from exc
+            raise self.unreadable(columns, exc) from exc
 
-    def _unreadable(self, columns: list[str], exc: Exception) -> CorruptionError:
+    def unreadable(self, columns: list[str] | None, exc: Exception) -> StorageError | CorruptionError:
+        """The error for a failed read of the table's ``columns`` (None: all): a storage fault, else damage.
+
+        Damage names the file: each file is read again until one fails.
+        """
+        fault = storage_fault(exc, dataset=self.loc.url, doing=f"reading the episode table (version {self.version})")
+        if fault is not None:
+            return fault
         where = f"{self.loc.url} version {self.version}: episode table unreadable"
         for fragment in self.arrow_dataset().get_fragments():  # Arrow does not always name the damaged file
             try:
-                fragment.to_table(columns=[c for c in columns if c in fragment.physical_schema.names])
+                names = fragment.physical_schema.names
+                fragment.to_table(columns=None if columns is None else [c for c in columns if c in names])
             except (OSError, pa.ArrowException):
                 where += f" at {self.loc.child(*layout.table_parts(fragment.path))}"
                 break
@@ -354,7 +363,7 @@ class Snapshot:
                 if len(piece) == batch.num_rows:
                     yield piece, pa.Table.from_batches([batch])
         except (OSError, pa.ArrowException) as exc:
-            raise self._unreadable(columns, exc) from exc
+            raise self.unreadable(columns, exc) from exc
         if start != len(rows):
             raise CorruptionError(
                 f"{self.loc.url} version {self.version}: table files hold {start} rows, the index scan read {len(rows)}"
