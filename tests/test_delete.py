@@ -88,7 +88,10 @@ def test_old_snapshots_and_time_travel_read_deleted_episodes_until_vacuum(tmp_pa
     assert old.validate().ok
     ds.vacuum()  # default retention (7 days): nothing of the old version goes
     assert live_numbers(el.Dataset.open(path, version=before)) == list(range(12))
-    report = ds.vacuum(retention_hours=0)
+    with pytest.raises(el.ArgumentError, match="break_old_versions"):
+        ds.vacuum(retention_hours=0)  # it would break the old version: refused without the override
+    assert live_numbers(el.Dataset.open(path, version=before)) == list(range(12))
+    report = ds.vacuum(retention_hours=0, break_old_versions=True)
     assert report.table_files  # the files only the old versions referenced
     with pytest.raises(el.CorruptionError):
         live_numbers(el.Dataset.open(path, version=before))
@@ -185,14 +188,14 @@ def test_bad_delete_changes_nothing(tmp_path, call, exc, pattern):
     assert live_numbers(el.Dataset.open(path)) == list(range(12))
 
 
-def test_vacuum_of_a_local_dataset_without_capacity_cuts_deleted_tails_and_counts_the_rest(tmp_path):
-    """One array per writer and field: deleted rows at its end are cut, rows in the middle are counted."""
+def test_vacuum_of_a_local_dataset_without_capacity_counts_deleted_rows(tmp_path):
+    """One array per writer and field, never cut (its writer may grow it): deleted rows are counted."""
     ds = make(str(tmp_path / "ds"), count=6, per_commit=6)
     ds.delete(ids_of(ds, [2, 5]))
-    report = ds.vacuum(retention_hours=0)
+    report = ds.vacuum(retention_hours=0, break_old_versions=True)
     rows = {n: length_of(n) + 1 for n in range(6)}  # camera rows: T + 1 per episode
-    assert report.truncated and report.truncated[0]["rows"] - report.truncated[0]["kept"] == rows[5]
-    assert report.unreclaimed_rows == rows[2]
+    assert report.truncated == []
+    assert report.unreclaimed_rows == rows[2] + rows[5]
     for ref in ds.episodes():
         check_episode(ref)
     assert ds.validate().ok

@@ -26,13 +26,14 @@ anything a kept version references, whatever runs concurrently
   versions that held them vacuumed), once untouched for the retention, and
   past the floor too unless a later commit of the same writer is referenced
   (a writer commits in order, so that array's commit is over: not in flight);
-* in a writer's single array (local datasets), rows past the last referenced
-  row (a writer killed between its tensor write and its commit), once the
-  array is untouched for the retention and the floor: the array is shrunk,
-  which deletes the chunk files wholly past the new end. Unreferenced rows
-  *between* referenced ones (a failed commit followed by successful ones)
-  cannot be reclaimed without rewriting the array; they are counted in
-  ``VacuumReport.unreclaimed_rows``;
+* a writer's single array (local datasets) is never cut: its writer may be
+  alive and grow it at any moment (TensorStore's resize does not check that
+  the array is still the size vacuum saw, so cutting it could delete rows a
+  commit is writing). Its unreferenced rows, at its end or between
+  referenced ones (deleted episodes, a writer killed between its tensor
+  write and its commit), are counted in ``VacuumReport.unreclaimed_rows``
+  (``truncated`` stays empty; datasets created with a capacity use one
+  array per commit, which goes whole);
 * temporary files at the root, once past the retention and the floor.
 
 ``VacuumReport.unreferenced_rows`` counts every stored row no episode of a
@@ -424,10 +425,14 @@ def vacuum(
     report = VacuumReport(loc.url, dry_run, float(retention_hours))
     now = time.time()
     cutoffs = _Cutoffs(now - retention_hours * 3600.0, now - max(retention_hours, UNREFERENCED_FLOOR_HOURS) * 3600.0)
-    report.table_files = store.table.vacuum(retention_hours, dry_run)
+    # What goes is planned first, so the references of the files about to go are read while they exist:
+    # their arrays' commits landed once (not in flight). A file the real run removes beyond the plan had
+    # its references counted as live (kept one more round).
+    planned = store.table.vacuum(retention_hours, dry_run=True)
+    refs, settled = _referenced_rows(store, set(planned))
+    report.table_files = planned if dry_run else store.table.vacuum(retention_hours, dry_run=False)
     report.derived_files = vacuum_side(loc, retention_hours, dry_run)
-    refs = _referenced_rows(store, set(report.table_files))
-    _vacuum_tensors(store, refs, cutoffs, report)
+    _vacuum_tensors(store, refs, settled, cutoffs, report)
     for path in loc.fs.glob(loc.child(layout.temp_pattern())):
         if _newest_mtime(loc, path) < cutoffs.unreferenced:
             report.temp_files.append(path)
@@ -452,23 +457,31 @@ class _Cutoffs:
 Runs = dict[tuple[str, int, str], tuple[np.ndarray, np.ndarray]]
 
 
-def _referenced_rows(store: Store, doomed: set[str]) -> Runs:
-    """(writer, commit, field key) -> (first rows, stops) of every episode in a surviving table file.
+def _referenced_rows(store: Store, doomed: set[str]) -> tuple[Runs, set[tuple[str, int]]]:
+    """The references of every episode in a surviving table file, and the ``(writer, commit)`` arrays ever committed.
 
-    Surviving: every data file on storage but those this vacuum removes, and
-    then every file of the latest version read now (a commit that landed
-    while the listing ran: its files are never removed, nor what they reference).
+    Runs: (writer, commit, field key) -> (first rows, stops). Surviving: every
+    data file on storage but ``doomed`` (those this vacuum removes), and then
+    every file of the latest version read now (a commit that landed while the
+    listing ran: its files are never removed, nor what they reference). The
+    set holds the arrays some stored file references, ``doomed`` included:
+    their commit landed, so they are not in flight.
     """
     loc = store.location
     fields = store.schema.tensor_fields
     columns = ["writer", "length", *(f"ref/{f.key}" for f in fields)]
     parts: dict[tuple[str, int, str], list[tuple[np.ndarray, np.ndarray]]] = {}
-    listed = [path for path in store.table.stored_files() if path not in doomed]
+    committed: set[tuple[str, int]] = set()
+    listed = list(store.table.stored_files())
     seen = {path.rsplit("/", 1)[-1] for path in listed}
     latest = [path for path in latest_file_paths(loc) if path.rsplit("/", 1)[-1] not in seen]
     for path in [*listed, *latest]:
         try:
             tbl = read_table_file(loc, path, columns)
+        except FileNotFoundError:
+            if path in doomed:  # a concurrent vacuum removed it already
+                continue
+            raise CorruptionError(f"{path}: table file vanished, tensors left untouched") from None
         except (OSError, pa.ArrowException) as exc:
             raise CorruptionError(f"{path}: unreadable table file, tensors left untouched: {exc}") from exc
         writers = tbl["writer"].to_numpy(zero_copy_only=False)
@@ -480,9 +493,13 @@ def _referenced_rows(store: Store, doomed: set[str]) -> Runs:
             commits = refs >> COMMIT_SHIFT
             for w in np.unique(writers):
                 for c in np.unique(commits[writers == w]).tolist():
+                    committed.add((str(w), c))
+                    if path in doomed:
+                        continue
                     mine = (writers == w) & (commits == c)
                     parts.setdefault((str(w), c, f.key), []).append((starts[mine], stops[mine]))
-    return {k: (np.concatenate([a for a, _ in v]), np.concatenate([b for _, b in v])) for k, v in parts.items()}
+    runs = {k: (np.concatenate([a for a, _ in v]), np.concatenate([b for _, b in v])) for k, v in parts.items()}
+    return runs, committed
 
 
 def _unreferenced(starts: np.ndarray, stops: np.ndarray, rows: int, align: int) -> tuple[int, int]:
@@ -500,16 +517,18 @@ def _unreferenced(starts: np.ndarray, stops: np.ndarray, rows: int, align: int) 
     return inside, max(0, rows - -(-end // align) * align)
 
 
-def _vacuum_tensors(store: Store, refs: Runs, cutoffs: _Cutoffs, report: VacuumReport) -> None:
+def _vacuum_tensors(
+    store: Store, refs: Runs, committed: set[tuple[str, int]], cutoffs: _Cutoffs, report: VacuumReport
+) -> None:
     loc = store.location
     live = {w for w, _, _ in refs}
     last_commit: dict[str, int] = {}  # per writer, its latest commit a table file references
-    for w, c, _ in refs:
+    for w, c in committed:
         last_commit[w] = max(c, last_commit.get(w, 0))
     for writer in tensor_writers(loc):
         wdir = loc.child(*layout.writer_parts(writer))
         commits = writer_commits(loc, writer)
-        if writer not in live:  # its first commit may be in flight: the floor applies
+        if writer not in live:  # it may be alive, about to write (a first commit, a single array): the floor applies
             report.unreferenced_rows += _stored_rows(store, writer, commits)
             if _newest_mtime(loc, wdir) < cutoffs.unreferenced:
                 report.tensor_arrays.append(wdir)
@@ -517,10 +536,11 @@ def _vacuum_tensors(store: Store, refs: Runs, cutoffs: _Cutoffs, report: VacuumR
                     loc.fs.rm(wdir, recursive=True)
             continue
         for f in store.schema.tensor_fields:
-            _vacuum_single_array(store, writer, f, refs, cutoffs.unreferenced, report)
+            _count_single_array(store, writer, f, refs, report)
             for commit in commits:
-                # a writer commits in order: one whose later commit is referenced is not in flight
-                cutoff = cutoffs.settled if commit < last_commit[writer] else cutoffs.unreferenced
+                # not in flight: its commit landed, or a later commit of its writer did (a writer commits in order)
+                done = (writer, commit) in committed or commit < last_commit.get(writer, 0)
+                cutoff = cutoffs.settled if done else cutoffs.unreferenced
                 _vacuum_commit_array(store, writer, commit, f, refs, cutoff, report)
         if not report.dry_run:
             for commit in commits:  # a commit directory whose arrays all went
@@ -542,24 +562,17 @@ def _stored_rows(store: Store, writer: str, commits: list[int]) -> int:
     return total
 
 
-def _vacuum_single_array(
-    store: Store, writer: str, f: FieldSpec, refs: Runs, cutoff: float, report: VacuumReport
-) -> None:
-    """A writer's single array: count unreferenced rows, shrink it to its last referenced row."""
+def _count_single_array(store: Store, writer: str, f: FieldSpec, refs: Runs, report: VacuumReport) -> None:
+    """A writer's single array: count its unreferenced rows (never cut: its writer may be growing it)."""
     loc = store.location
     if not array_exists(loc, writer, f):
         return
     starts, stops = refs.get((writer, 0, f.key), (np.zeros(0, np.int64), np.zeros(0, np.int64)))
-    end = int(stops.max()) if len(stops) else 0
-    arr = store.open_array(writer, f, read_only=report.dry_run)
+    arr = store.open_array(writer, f)
     align = 1 if loc.is_local else arr.write_rows
     inside, after = _unreferenced(starts, stops, arr.rows, align)
     report.unreferenced_rows += inside + after
-    report.unreclaimed_rows += inside
-    if arr.rows > end and _newest_mtime(loc, loc.child(*array_parts(writer, f))) < cutoff:
-        report.truncated.append({"array": arr.where, "rows": arr.rows, "kept": end})
-        if not report.dry_run:
-            arr.shrink(end)
+    report.unreclaimed_rows += inside + after
 
 
 def _vacuum_commit_array(
