@@ -15,6 +15,7 @@ went away (``episodelake info X | head -4``), quietly.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import sys
@@ -40,7 +41,7 @@ def _json_options(text: str) -> dict[str, Any]:
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
-    run_demo(args.path, episodes=args.episodes, seed=args.seed, storage_options=args.options)
+    run_demo(args.path, episodes=args.episodes, seed=args.seed, storage_options=args.options, overwrite=args.overwrite)
     return 0
 
 
@@ -357,6 +358,11 @@ def build_parser() -> argparse.ArgumentParser:
     options(p)
     p.add_argument("--episodes", type=int, default=50)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace a dataset at PATH (a previous demo); other files are never touched",
+    )
 
     p = command("copy", cmd_copy, "copy a dataset between memory, local disk and object storage (verified)")
     p.add_argument("src", help="source path or URL (s3://bucket/path, gs://..., file://..., a local path)")
@@ -366,7 +372,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", type=int, default=None, help="copy this table version of SRC (default: latest)")
     p.add_argument("--where", default=None, help="copy only episodes matching this SQL predicate")
     p.add_argument("--chunk-rows", type=int, default=None, help="rows per tensor chunk in DST")
-    p.add_argument("--compression", choices=["zstd", "none"], default=None, help="tensor compression in DST")
+    p.add_argument(
+        "--compression",
+        choices=["zstd", "none"],
+        default=None,
+        help="tensor compression in DST (lossless fields; lossy camera codecs keep theirs)",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace a dataset that exists at DST")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -486,8 +497,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:
         if args.debug:
             raise
-        print(f"episodelake: error: {_one_line(exc)}", file=sys.stderr)
+        from .faults import storage_fault
+
+        error = storage_fault(exc) or exc  # a raw engine error (botocore, deltalake) in the words of a StorageError
+        print(f"episodelake: error: {_one_line(error)}{_storage_hint(args, error)}", file=sys.stderr)
         return EXIT_ERROR
+
+
+def _storage_hint(args: argparse.Namespace, error: BaseException) -> str:
+    """How to give credentials, when object storage refused or found none (nothing for local paths)."""
+    from .errors import StorageError
+    from .faults import NO_CREDENTIALS
+
+    if not isinstance(error, StorageError) or error.errno != errno.EACCES:
+        return ""
+    urls = [v for v in vars(args).values() if isinstance(v, str) and "://" in v and not v.startswith("file://")]
+    if NO_CREDENTIALS not in error.message and not urls:
+        return ""
+    flags = "--src-options / --dst-options" if args.command == "copy" else "--options"
+    return (
+        f'; give the storage\'s credentials with {flags} \'{{"key": "...", "secret": "..."}}\' '
+        '(add "endpoint_url" for a server other than AWS) or set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY '
+        "(docs/object-storage.md)"
+    )
 
 
 def _one_line(exc: BaseException) -> str:

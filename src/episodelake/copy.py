@@ -71,7 +71,10 @@ def copy_to(
     chunk_rows: the default ~1 MiB chunks; ``None`` compression: raw bytes).
     ``codecs`` maps field keys to a lossy codec (``"jpeg"``, ``("webp", 80)``:
     with its quality) or ``None`` (store the decoded frames losslessly);
-    a field given a lossy codec drops its ``compression``.
+    a field given a lossy codec drops its ``compression``. One
+    ``compression`` for every field applies to the lossless ones: a field
+    that keeps a lossy codec keeps it (naming such a field in a
+    ``compression`` mapping is an :class:`ArgumentError` saying so).
     ``progress``: a bar per episode (None: only on a terminal; see
     :mod:`progress`). Raises :class:`LocationError` when ``target`` is the
     source, :class:`CorruptionError` if verification finds a difference.
@@ -156,10 +159,18 @@ def _rechunked(schema: DatasetSchema, chunk_rows: Any, compression: Any, codecs:
             default = None if codec is not None and codec != f.codec else f.compression
             # chunk_rows means rows per chunk, frames per shard or frames per GOP by codec: a new codec gets its own
             rows = f.chunk_rows if codec == f.codec else None
+            packed = pick(compression, f, default)
+            if codec is not None and packed is not None:
+                if isinstance(compression, Mapping):  # asked for by name: say what would make it apply
+                    raise ArgumentError(
+                        f"compression[{f.key!r}]: {f.key!r} keeps the lossy codec {codec!r}, which compresses "
+                        f"its frames itself; add codecs={{{f.key!r}: None}} to store it losslessly with {packed!r}"
+                    )
+                packed = None  # one setting for every field: a lossy field keeps its codec
             f = dataclasses.replace(
                 f,
                 chunk_rows=pick(chunk_rows, f, rows),
-                compression=pick(compression, f, default),
+                compression=packed,
                 codec=codec,
                 quality=quality,
                 storage="tensor" if f.codec is not None and codec is None else f.storage,

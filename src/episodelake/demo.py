@@ -8,16 +8,27 @@ from typing import Any
 
 import numpy as np
 
+from . import layout
 from .dataset import Dataset
-from .errors import MissingDependencyError
+from .errors import DatasetExistsError, MissingDependencyError
+from .location import Location, resolve
 from .schema import FieldSpec, schema_from_gym_spaces
 
 
-def run_demo(path: str, episodes: int = 50, seed: int = 0, storage_options: Mapping[str, Any] | None = None) -> Dataset:
-    """Write ``episodes`` CartPole episodes to ``path`` (replacing it), then read them back.
+def run_demo(
+    path: str,
+    episodes: int = 50,
+    seed: int = 0,
+    storage_options: Mapping[str, Any] | None = None,
+    overwrite: bool = False,
+) -> Dataset:
+    """Write ``episodes`` CartPole episodes to a new dataset at ``path``, then read them back.
 
     ``path`` may be any root :meth:`Dataset.create` takes (``s3://...`` with ``storage_options``).
+    It must be new or empty; a dataset there is replaced only with ``overwrite`` (a previous demo),
+    and a folder holding anything else is never touched (see :func:`check_target`).
     """
+    check_target(resolve(path, dict(storage_options or {})), overwrite)
     try:
         import gymnasium as gym
     except ImportError as exc:  # the demo needs the gym extra
@@ -29,7 +40,7 @@ def run_demo(path: str, episodes: int = 50, seed: int = 0, storage_options: Mapp
         env.action_space,
         meta=[FieldSpec("policy", (), "str", role="meta"), FieldSpec("seed", (), "int64", role="meta")],
     )
-    ds = Dataset.create(schema, path, storage_options=storage_options, partition_by=["policy"], overwrite=True)
+    ds = Dataset.create(schema, path, storage_options=storage_options, partition_by=["policy"], overwrite=overwrite)
     rng = np.random.default_rng(seed)
     start = time.perf_counter()
     for ep in range(episodes):
@@ -71,3 +82,21 @@ def run_demo(path: str, episodes: int = 50, seed: int = 0, storage_options: Mapp
     same = np.array_equal(batch.obs[:, 1:], batch.next_obs[:, :-1])
     print(f"  obs[t + 1] == next_obs[t] inside each segment: {same}")
     return ds
+
+
+def check_target(location: Location, overwrite: bool) -> None:
+    """Refuse to write the demo over anything: a non-empty folder that is not a dataset always, a dataset
+    unless ``overwrite`` (:class:`DatasetExistsError`, before anything is written)."""
+    fs = location.fs
+    if not fs.exists(location.path) or not fs.ls(location.path):
+        return
+    if not location.exists(layout.DESCRIPTOR):
+        raise DatasetExistsError(
+            f"{location.url} is not empty and holds no episodelake dataset; the demo writes only to a new or "
+            "empty folder (give another path)"
+        )
+    if not overwrite:
+        raise DatasetExistsError(
+            f"a dataset already exists at {location.url}; pass --overwrite (overwrite=True) to replace it "
+            "with a new demo, or give another path"
+        )

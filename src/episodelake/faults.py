@@ -21,10 +21,13 @@ from typing import IO
 
 from .errors import EpisodeLakeError, StorageError
 
+NO_CREDENTIALS = "no credentials were found for the storage"
 # (errno, plain words, patterns matched case-insensitively against the exception's text and type name).
 _FAULTS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
     (_errno.ENOSPC, "no space left on the device", ("no space left", "enospc", "disk quota exceeded")),
     (_errno.EROFS, "the file system is read-only", ("read-only file system", "erofs")),
+    (_errno.EACCES, NO_CREDENTIALS, ("unable to locate credentials", "nocredentialserror", "partialcredentialserror",
+                                    "missing credentials", "no credentials")),
     (_errno.EACCES, "permission denied", ("permission denied", "permission_denied", "access denied", "accessdenied",
                                          "eacces", "403 forbidden", "status code: 403", "http status 403")),
     (_errno.ETIMEDOUT, "the storage did not answer in time", ("deadline_exceeded", "timed out", "timeout",
