@@ -24,8 +24,10 @@ the outcome recorded: ``killed`` (a test failed), ``survived`` (all passed),
 ``--rerun`` runs only the survivors of an earlier results file (after tests
 were added). While the file ``--pause`` exists, the run waits between mutants
 (so the machine can run something else; it never times a mutant that way).
-Before mutating, every module's tests run once unmutated: a module whose
-tests fail there is skipped (its mutants would all look killed).
+Before mutating, every module's tests run unmutated (``--baseline-runs``
+times): a test failing in any of them (broken at that commit, or flaky) is
+left out of that module's mutant runs (it would make every mutant look
+killed) and named in the log.
 """
 
 from __future__ import annotations
@@ -277,10 +279,11 @@ def copy_tree(dest: Path, rev: str) -> None:
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
 
 
-def run_tests(copy: Path, tests: list[str], timeout: float) -> tuple[str, float, str]:
-    """(outcome, seconds, last output line) of ``pytest -x -q`` over ``tests`` in ``copy``."""
+def run_tests(copy: Path, tests: list[str], timeout: float, deselect: list[str] = ()) -> tuple[str, float, str]:
+    """(outcome, seconds, output) of ``pytest -x -q`` over ``tests`` in ``copy``, without the ``deselect`` ids."""
     env = dict(os.environ, PYTHONPATH=str(copy / "src"), PYTHONDONTWRITEBYTECODE="1")
-    argv = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", *tests]
+    argv = [sys.executable, "-m", "pytest", "-x", "-q", "-rf", "-p", "no:cacheprovider", *tests]
+    argv += [arg for test in deselect for arg in ("--deselect", test)]
     start = time.monotonic()  # the run's duration is reported, never used to decide an outcome but the timeout
     proc = subprocess.Popen(
         argv, cwd=copy, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
@@ -291,9 +294,26 @@ def run_tests(copy: Path, tests: list[str], timeout: float) -> tuple[str, float,
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
         return "timeout", time.monotonic() - start, ""
-    tail = out.strip().splitlines()[-1] if out.strip() else ""
     outcome = {0: "survived", 1: "killed"}.get(proc.returncode, "killed" if proc.returncode == 2 else "error")
-    return outcome, time.monotonic() - start, tail
+    return outcome, time.monotonic() - start, out
+
+
+def last_line(out: str) -> str:
+    return out.strip().splitlines()[-1] if out.strip() else ""
+
+
+def baseline_failures(copy: Path, tests: list[str], runs: int) -> tuple[list[str], float]:
+    """Tests that fail on the unmutated tree in any of ``runs`` runs (they are left out), and the longest run."""
+    failed: set[str] = set()
+    took = 0.0
+    for _ in range(runs):
+        env = dict(os.environ, PYTHONPATH=str(copy / "src"), PYTHONDONTWRITEBYTECODE="1")
+        argv = [sys.executable, "-m", "pytest", "-q", "-rf", "-p", "no:cacheprovider", *tests]
+        start = time.monotonic()
+        out = subprocess.run(argv, cwd=copy, env=env, capture_output=True, text=True).stdout
+        took = max(took, time.monotonic() - start)
+        failed |= {line.split()[1] for line in out.splitlines() if line.startswith(("FAILED ", "ERROR "))}
+    return sorted(failed), took
 
 
 def wait_while(pause: Path) -> None:
@@ -321,6 +341,7 @@ def main() -> None:
     ap.add_argument("--named-only", action="store_true")
     ap.add_argument("--rerun", type=Path, help="run only the survivors recorded in this results file")
     ap.add_argument("--out", type=Path, default=Path("mutation-results.jsonl"))
+    ap.add_argument("--baseline-runs", type=int, default=1, help="unmutated runs per module (2+: flaky tests out)")
     ap.add_argument("--rev", default="HEAD", help="the commit whose tree is mutated (default HEAD)")
     ap.add_argument("--pause", type=Path, default=Path("/tmp/mutate.pause"), help="waits while it exists")
     ap.add_argument("--list", action="store_true", help="print the mutants and exit")
@@ -344,7 +365,7 @@ def main() -> None:
         return
 
     done = {r["key"] for r in map(json.loads, args.out.read_text().splitlines())} if args.out.exists() else set()
-    baseline: dict[str, tuple[str, float]] = {}
+    baseline: dict[str, tuple[list[str], float]] = {}
     started = time.monotonic()
     with args.out.open("a") as results:
         for i, (mutant, mutated) in enumerate(plan):
@@ -353,23 +374,23 @@ def main() -> None:
             wait_while(args.pause)
             tests = test_paths(args.copy, mutant.module)
             if mutant.module not in baseline:
-                outcome, secs, tail = run_tests(args.copy, tests, 1800)
-                baseline[mutant.module] = (outcome, secs)
-                print(f"baseline {mutant.module}: {outcome} in {secs:.0f}s ({tail})", flush=True)
-            if baseline[mutant.module][0] != "survived":
-                continue  # the unmutated tests do not pass: mutants of this module would all look killed
+                baseline[mutant.module] = baseline_failures(args.copy, tests, args.baseline_runs)
+                failing, secs = baseline[mutant.module]
+                print(f"baseline {mutant.module}: {secs:.0f}s, failing unmutated (left out): {failing}", flush=True)
+            failing, secs = baseline[mutant.module]
             path = args.copy / PKG / f"{mutant.module}.py"
             original = path.read_text()
             path.write_text(mutated)
             try:
-                outcome, secs, tail = run_tests(args.copy, tests, max(args.timeout, 3 * baseline[mutant.module][1]))
+                outcome, took, out = run_tests(args.copy, tests, max(args.timeout, 3 * secs), failing)
             finally:
                 path.write_text(original)
-            record = {**asdict(mutant), "key": mutant.key, "outcome": outcome, "seconds": round(secs, 1), "tail": tail}
+            tail = last_line(out)
+            record = {**asdict(mutant), "key": mutant.key, "outcome": outcome, "seconds": round(took, 1), "tail": tail}
             results.write(json.dumps(record) + "\n")
             results.flush()
             what = mutant.name or mutant.after
-            print(f"[{i + 1}/{len(plan)}] {outcome:8s} {secs:5.0f}s {mutant.module}:{mutant.line} {what}", flush=True)
+            print(f"[{i + 1}/{len(plan)}] {outcome:8s} {took:5.0f}s {mutant.module}:{mutant.line} {what}", flush=True)
     print(f"ran in {time.monotonic() - started:.0f}s")
     summarize(args.out)
 
