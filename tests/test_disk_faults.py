@@ -143,6 +143,23 @@ def test_exit_at_disk_full_names_the_lost_episodes_once(small_disk, path):
     check_plain(lines[0])
 
 
+def test_bulk_write_at_disk_full_raises_and_leaves_nothing_pending(small_disk):
+    """A bulk batch that hits the full disk raises StorageError; the batches committed before it stay."""
+    url = str(small_disk / "ds")
+    ds = el.Dataset.create(crash_schema(), url, commit_episodes=1)
+    written = 0
+    with pytest.raises(el.StorageError) as info:
+        for _ in range(10_000):
+            ds.append_episodes([episode(SEED, written + i).as_dict(unwrap_action=True) for i in range(4)])
+            written += 4
+    assert info.value.errno == errno.ENOSPC and info.value.dataset == url
+    check_plain(str(info.value))
+    assert written >= 4
+    (small_disk / "ballast").unlink()
+    assert ds.flush() is None  # the failed batch was not queued
+    assert_committed(url, written)
+
+
 def tree_digest(root: Path) -> dict[str, str]:
     """Every file under ``root`` and the SHA-256 of its bytes."""
     return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
@@ -208,6 +225,31 @@ def shared_dir() -> Iterator[Path]:
         shutil.rmtree(path)
 
 
+def as_nobody(*args: str, home: Path) -> subprocess.Popen:
+    """The script run as user nobody (root reads and writes past every permission)."""
+    return subprocess.Popen(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, str(SCRIPT), *args],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "HOME": str(home)}, cwd=ROOT,
+    )
+
+
+def test_writer_on_a_root_it_may_not_write_gets_eacces(shared_dir):
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run the writer as another user")
+    url = str(shared_dir / "ds")
+    el.Dataset.create(crash_schema(), url).close()
+    subprocess.run(["chmod", "-R", "a+rX,go-w", url], check=True)
+    before = tree_digest(shared_dir / "ds")
+    proc = as_nobody("write", url, str(SEED), home=shared_dir)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    error = json.loads(out)["error"]
+    assert error["storage"] and error["errno"] == errno.EACCES and error["dataset"] == url, error
+    assert "permission denied" in error["text"]
+    assert tree_digest(shared_dir / "ds") == before
+
+
 def test_prefetch_failure_raises_once_in_the_foreground(shared_dir):
     """Tensor files made unreadable under a prefetching stream: next() raises StorageError EACCES once."""
     if os.geteuid() != 0:
@@ -217,12 +259,7 @@ def test_prefetch_failure_raises_once_in_the_foreground(shared_dir):
     ds.append_episodes([episode(SEED, i).as_dict(unwrap_action=True) for i in range(64)])
     ds.close()
     subprocess.run(["chmod", "-R", "a+rX", url], check=True)
-    proc = subprocess.Popen(
-        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-         sys.executable, str(SCRIPT), "prefetch", url, str(SEED)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "HOME": str(shared_dir)}, cwd=ROOT,
-    )
+    proc = as_nobody("prefetch", url, str(SEED), home=shared_dir)
     try:
         assert read_line(proc) == {"ready": True}
         subprocess.run(["chmod", "-R", "go-r", str(shared_dir / "ds" / "tensors")], check=True)

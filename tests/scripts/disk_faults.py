@@ -90,6 +90,14 @@ def main() -> None:
     if mode == "prefetch":
         prefetch(url)
         return
+    if mode == "write":
+        ds = el.Dataset.open(url)
+        raw = episode(seed, len(ds))
+        try:
+            ds.new_episode({k: v[0] for k, v in raw.obs.items()})
+        except el.EpisodeLakeError as exc:
+            say(error=describe(exc))
+        return
     ds = record(url, seed, "--tensors" in sys.argv)
     if mode == "fill":
         sys.stdin.readline()
