@@ -327,8 +327,13 @@ def wait_while(pause: Path) -> None:
     marker.unlink(missing_ok=True)
 
 
-def test_paths(copy: Path, module: str) -> list[str]:
-    return [f"tests/{t}" for t in MODULE_TESTS[module] if (copy / "tests" / t).exists()]
+def test_paths(copy: Path, module: str, properties: bool) -> list[str]:
+    """The module's test files present in ``copy`` (without ``test_properties_*`` unless ``properties``)."""
+    return [
+        f"tests/{t}"
+        for t in MODULE_TESTS[module]
+        if (copy / "tests" / t).exists() and (properties or not t.startswith("test_properties_"))
+    ]
 
 
 def main() -> None:
@@ -341,6 +346,7 @@ def main() -> None:
     ap.add_argument("--named-only", action="store_true")
     ap.add_argument("--rerun", type=Path, help="run only the survivors recorded in this results file")
     ap.add_argument("--out", type=Path, default=Path("mutation-results.jsonl"))
+    ap.add_argument("--without-properties", action="store_true", help="the suite before tests/test_properties_*")
     ap.add_argument("--baseline-runs", type=int, default=1, help="unmutated runs per module (2+: flaky tests out)")
     ap.add_argument("--rev", default="HEAD", help="the commit whose tree is mutated (default HEAD)")
     ap.add_argument("--pause", type=Path, default=Path("/tmp/mutate.pause"), help="waits while it exists")
@@ -372,7 +378,7 @@ def main() -> None:
             if mutant.key in done:
                 continue
             wait_while(args.pause)
-            tests = test_paths(args.copy, mutant.module)
+            tests = test_paths(args.copy, mutant.module, not args.without_properties)
             if mutant.module not in baseline:
                 baseline[mutant.module] = baseline_failures(args.copy, tests, args.baseline_runs)
                 failing, secs = baseline[mutant.module]
