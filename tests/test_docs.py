@@ -1,25 +1,34 @@
 """Every python snippet of README.md and docs/*.md runs as pasted, and prints what its comments say.
 
-Each document runs in a fresh interpreter (cwd: an empty temporary directory), its snippets one after the
-other in one namespace, as a reader pasting them in order would. A ``print(...)  # expected`` line is
-checked against what it printed: the comment up to its first top-level ``": "`` (the rest explains) must
+Each document runs in a fresh interpreter (cwd: an empty temporary directory, only the package on the
+path), its snippets one after the other in one namespace, as a reader pasting them in order would; nothing
+is set up before them, so a document creates whatever it uses. What they import must come with the
+README's install command (``pip install -e ".[all]"``): every module a runnable snippet imports belongs to
+a distribution that ``episodelake[all]`` requires, directly or through its dependencies.
+
+A ``print(...)  # expected`` line is checked against what it printed: the comment up to its first top-level ``": "`` (the rest explains) must
 match the printed line token by token, where an upper-case name in the comment (``T``, ``B``) stands for
 one integer, the same everywhere in the line. Comments that do not start like a value are prose.
 """
 
 from __future__ import annotations
 
+import ast
+import importlib.metadata as metadata
 import json
 import os
 import re
 import subprocess
 import sys
 import textwrap
+import tomllib
 from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))]
@@ -34,30 +43,6 @@ NOT_RUNNABLE = {
     "fs = s3fs.S3FileSystem(asynchronous=True, **opts)": "continues the placeholder-credentials snippet",
     'local = ds.copy_to("/data/pick-v1")': "writes to /data and the placeholder S3 account",
     'with S3Server("/tmp/s3data") as server:': "starts a SeaweedFS server (tests/test_s3.py covers it)",
-}
-
-# What a document assumes already exists (it says so in its text): set up before its snippets run.
-PRELUDE = {
-    "docs/query.md": """
-import numpy as np, episodelake as el
-_rng = np.random.default_rng(0)
-_schema = el.DatasetSchema([
-    el.FieldSpec("state", (5,), "float32"),
-    el.FieldSpec("camera", (3, 8, 8), "uint8", layout="CHW", storage="tensor"),
-    el.FieldSpec("action", (2,), "float32", role="action"),
-    el.FieldSpec("reward", (), "float32", role="reward"),
-    el.FieldSpec("task", (), "str", role="meta"),
-    el.FieldSpec("success", (), "bool", role="meta"),
-])
-def _episode(T, task):
-    return {"observations": {"state": _rng.standard_normal((T + 1, 5)).astype(np.float32),
-                             "camera": _rng.integers(0, 256, (T + 1, 3, 8, 8), dtype=np.uint8)},
-            "actions": _rng.standard_normal((T, 2)).astype(np.float32),
-            "rewards": (2 * _rng.standard_normal(T)).astype(np.float32),
-            "meta": {"task": task, "success": bool(_rng.integers(0, 2))}}
-el.Dataset.from_episodes([_episode(int(_rng.integers(40, 120)), t) for t in ["pick", "place"] * 4],
-                         "robot-data", schema=_schema)
-""",
 }
 
 DRIVER = r"""
@@ -157,8 +142,6 @@ def test_python_snippets_run_and_print_what_they_say(doc, tmp_path):
         pytest.skip(f"{doc} has no python snippets")
     expected: dict[str, str] = {}
     plan = []
-    if doc in PRELUDE:
-        plan.append((PRELUDE[doc], False))
     for i, code in enumerate(blocks):
         code, want = instrument(code, i)
         expected.update(want)
@@ -169,7 +152,7 @@ def test_python_snippets_run_and_print_what_they_say(doc, tmp_path):
     (tmp_path / "driver.py").write_text(DRIVER)
     work = tmp_path / "cwd"
     work.mkdir()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]), "MPLBACKEND": "Agg"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "MPLBACKEND": "Agg"}  # not the repository's tests
     run = subprocess.run(
         [sys.executable, str(tmp_path / "driver.py"), str(tmp_path / "blocks.json")],
         cwd=work,
@@ -184,10 +167,9 @@ def test_python_snippets_run_and_print_what_they_say(doc, tmp_path):
     for i, line in enumerate(lines):
         if line.startswith("@@print "):
             seen.setdefault(line.split()[1], []).append(lines[i + 1])
-    offset = 1 if doc in PRELUDE else 0
     for tag, want in expected.items():
         block = int(tag.split(":")[0])
-        if plan[block + offset][1]:
+        if plan[block][1]:
             continue
         assert tag in seen, f"{doc} snippet {tag}: the print never ran"
         for got in seen[tag]:
@@ -228,3 +210,72 @@ def test_demo_command(tmp_path, capsys):
         s = int(batch.start[b])
         np.testing.assert_array_equal(batch.obs[b], rows[s : s + 16])
         np.testing.assert_array_equal(batch.next_obs[b], rows[s + 1 : s + 17])
+
+
+def readme_install() -> set[str]:
+    """The distributions ``pip install -e ".[all]"`` brings: pyproject's own lists, then what each requires."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    direct, todo, seen = list(project["dependencies"]), ["all"], set()
+    while todo:
+        extra = todo.pop()
+        seen.add(extra)
+        for spec in extras[extra]:
+            req = Requirement(spec)
+            if canonicalize_name(req.name) == "episodelake":
+                todo.extend(e for e in req.extras if e not in seen)
+            else:
+                direct.append(spec)
+    closure: dict[str, set[str]] = {}  # distribution -> the extras asked of it
+    pending = [Requirement(spec) for spec in direct]
+    while pending:
+        req = pending.pop()
+        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+            continue
+        name = canonicalize_name(req.name)
+        first, new = name not in closure, set(req.extras) - closure.get(name, set())
+        if not first and not new:
+            continue
+        closure.setdefault(name, set()).update(new)
+        try:
+            requires = metadata.requires(name) or []
+        except metadata.PackageNotFoundError:
+            continue  # not installed here: its modules are then missing below
+        asked = ({""} if first else set()) | new
+        for spec in requires:
+            dep = Requirement(spec)
+            if dep.marker is None:
+                if first:
+                    pending.append(dep)
+            elif any(dep.marker.evaluate({"extra": e}) for e in asked):
+                dep.marker = None
+                pending.append(dep)
+    return set(closure)
+
+
+def imported_modules(code: str) -> set[str]:
+    """Top-level names of the modules ``code`` imports (absolute imports only)."""
+    names = set()
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.Import):
+            names.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_snippet_imports_come_with_the_readme_install():
+    """What a runnable snippet imports is installed by ``pip install -e ".[all]"`` (a bare `import zarr`
+    in docs/interop.md once needed the dev extra)."""
+    installed = readme_install()
+    owners = metadata.packages_distributions()
+    missing = {}
+    for doc in DOCS:
+        for code in snippets(doc):
+            if any(k in code for k in NOT_RUNNABLE):
+                continue
+            for module in imported_modules(code) - set(sys.stdlib_module_names) - {"episodelake"}:
+                dists = {canonicalize_name(d) for d in owners.get(module, [])}
+                if not dists & installed:
+                    missing.setdefault(doc, set()).add(f"{module} (from {sorted(dists) or 'nothing installed'})")
+    assert not missing, f"snippets import modules that episodelake[all] does not install: {missing}"
