@@ -6,9 +6,10 @@ is set up before them, so a document creates whatever it uses. What they import 
 README's install command (``pip install -e ".[all]"``): every module a runnable snippet imports belongs to
 a distribution that ``episodelake[all]`` requires, directly or through its dependencies.
 
-A ``print(...)  # expected`` line is checked against what it printed: the comment up to its first top-level ``": "`` (the rest explains) must
-match the printed line token by token, where an upper-case name in the comment (``T``, ``B``) stands for
-one integer, the same everywhere in the line. Comments that do not start like a value are prose.
+A ``print(...)  # expected`` line is checked against what it printed: the comment up to its first
+top-level ``": "`` (the rest explains) must match the printed line token by token, where an upper-case
+name in the comment (``T``, ``B``) stands for one integer, the same everywhere in the line. Comments that
+do not start like a value are prose.
 """
 
 from __future__ import annotations
