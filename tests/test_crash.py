@@ -25,6 +25,7 @@ import pytest
 
 import episodelake as el
 
+from .test_vacuum_safety import age_files
 from .workers.common import assert_all_match, assert_matches, crash_schema, episode, origins
 from .workers.writer import parquet_files
 
@@ -160,7 +161,10 @@ def finish_and_vacuum(path: str) -> None:
     ds.flush()
     orphans = unreferenced_parquet(path)
     writers = set(ds.snapshot().index["writer"].tolist())
-    report = ds.vacuum(retention_hours=0)
+    kept = ds.vacuum(dry_run=True, retention_hours=0)  # leftovers younger than the floor (1 h) stay
+    assert (kept.table_files, kept.tensor_arrays) == ([], [])
+    age_files(path, hours=2)
+    report = ds.vacuum(retention_hours=1)
     assert orphans, "the parquet crashes left no uncommitted data file"
     assert {os.path.normpath(f) for f in report.table_files} == orphans
     assert not any(os.path.exists(f) for f in orphans)

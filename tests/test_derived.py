@@ -388,7 +388,7 @@ def test_vacuum_removes_replaced_side_files_and_keeps_the_values(tmp_path):
     ds.update({"priority": [2.0] * 8})  # the merge rewrote the file the first update wrote
     side = tmp_path / "ds" / "derived"
     before = {p for p in side.rglob("*.parquet")}
-    report = ds.vacuum(retention_hours=0)
+    report = ds.vacuum(retention_hours=0, break_old_versions=True)
     assert len(report.derived_files) >= 1
     assert all(not os.path.exists(p) for p in report.derived_files)
     assert {p for p in side.rglob("*.parquet")} < before

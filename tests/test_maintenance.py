@@ -18,8 +18,8 @@ import episodelake as el
 from episodelake.cli import main
 
 from .test_bad_input import tree_digest
-from .test_vacuum_safety import age_files
 from .test_crash import ForkServer, unreferenced_parquet
+from .test_vacuum_safety import age_files
 from .workers.common import assert_all_match, crash_schema, episode, one_commit_per_episode, origins
 
 
