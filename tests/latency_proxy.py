@@ -7,10 +7,11 @@ a free port of 127.0.0.1.
 
 Each client connection gets its own upstream connection. The proxy parses
 request heads (``METHOD path HTTP/1.1`` up to the blank line, plus a
-``Content-Length`` body), holds each request back ``delay_s`` before passing
+``Content-Length`` or chunked body), holds each request back ``delay_s`` before passing
 it on (the delay of a request sent on a keep-alive connection counts from when
 it arrived), counts requests, GETs and response bytes sent back, and logs
-each request line with its ``Range`` header.
+each request line with its ``Range`` header. :meth:`LatencyProxy.on_request`
+is the hook ``fault_proxy.FaultProxy`` uses to answer, drop or lose requests.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class LatencyProxy:
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._server: asyncio.base_events.Server | None = None
+        self._conns: set[asyncio.StreamWriter] = set()  # client connections open now
         self._thread = threading.Thread(target=self._run, daemon=True, name="latency-proxy")
         self.port = 0
 
@@ -79,22 +81,51 @@ class LatencyProxy:
         self._loop.run_forever()
         self._loop.close()
 
+    def on_request(self, request_line: bytes, head: bytes) -> str | None:
+        """What to do with a request: None forwards it. Subclasses (``FaultProxy``) may answer ``"503"`` (a
+        ``503 SlowDown`` reply, nothing forwarded), ``"drop"`` (close the connection, nothing forwarded) or
+        ``"lose"`` (forward it, then close the connection instead of passing the reply on)."""
+        return None
+
+    async def _read_body(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, head: bytes) -> bytes:
+        """The request body: ``Content-Length`` bytes, or a ``Transfer-Encoding: chunked`` body as sent.
+
+        A client that asked ``Expect: 100-continue`` sends its body only after a ``100 Continue``: the proxy
+        answers that itself (and forwards the head without the header, see :func:`without_expect`).
+        """
+        headers = {n.strip().lower(): v.strip() for n, _, v in (h.partition(b":") for h in head.split(b"\r\n")[1:])}
+        if headers.get(b"expect", b"").lower() == b"100-continue":
+            writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            await writer.drain()
+        if headers.get(b"transfer-encoding", b"").lower() == b"chunked":
+            body = b""
+            while True:
+                size_line = await reader.readuntil(b"\r\n")
+                size = int(size_line.split(b";")[0].strip(), 16)
+                body += size_line
+                if size == 0:  # trailers up to the blank line
+                    while (line := await reader.readuntil(b"\r\n")) != b"\r\n":
+                        body += line
+                    return body + line
+                body += await reader.readexactly(size + 2)
+        length = headers.get(b"content-length")
+        return await reader.readexactly(int(length)) if length else b""
+
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             up_reader, up_writer = await asyncio.open_connection(*self.upstream)
         except OSError:
             writer.close()
             return
-        down = asyncio.ensure_future(self._pipe_down(up_reader, writer))
+        state = {"lose": False}
+        self._conns.add(writer)
+        down = asyncio.ensure_future(self._pipe_down(up_reader, writer, state))
         try:
             while True:
                 head = await reader.readuntil(HEAD_END)
                 arrived = self._loop.time()
-                body = b""
-                for line in head.split(b"\r\n"):
-                    name, _, value = line.partition(b":")
-                    if name.strip().lower() == b"content-length":
-                        body = await reader.readexactly(int(value.strip()))
+                body = await self._read_body(reader, writer, head)
+                head = without_expect(head)
                 first, _, rest = head.partition(b"\r\n")
                 ranges = [
                     v.strip() for n, _, v in (h.partition(b":") for h in rest.split(b"\r\n")) if n.lower() == b"range"
@@ -103,6 +134,14 @@ class LatencyProxy:
                     self.requests += 1
                     self.gets += head.startswith(b"GET ")
                     self.log.append((first.decode(errors="replace"), ranges[0].decode() if ranges else ""))
+                action = self.on_request(first, head)
+                if action == "503":
+                    writer.write(slow_down(head.startswith(b"HEAD ")))
+                    await writer.drain()
+                    continue
+                if action == "drop":
+                    break
+                state["lose"] = action == "lose"
                 wait = arrived + self.delay_s - self._loop.time()
                 if wait > 0:
                     await asyncio.sleep(wait)
@@ -111,13 +150,18 @@ class LatencyProxy:
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError, asyncio.CancelledError):
             pass
         finally:
+            self._conns.discard(writer)
             up_writer.close()
             down.cancel()
             writer.close()
 
-    async def _pipe_down(self, up_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _pipe_down(
+        self, up_reader: asyncio.StreamReader, writer: asyncio.StreamWriter, state: dict[str, bool]
+    ) -> None:
         try:
             while data := await up_reader.read(1 << 16):
+                if state["lose"]:  # the upstream answered; the client never sees it
+                    break
                 with self._lock:
                     self.bytes_down += len(data)
                 writer.write(data)
@@ -126,3 +170,25 @@ class LatencyProxy:
             pass
         finally:
             writer.close()
+
+
+def without_expect(head: bytes) -> bytes:
+    """A request head without its ``Expect`` header (the proxy already answered it)."""
+    lines = head[: -len(HEAD_END)].split(b"\r\n")
+    return b"\r\n".join(line for line in lines if not line.lower().startswith(b"expect:")) + HEAD_END
+
+
+SLOW_DOWN_BODY = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
+    b"<Message>Please reduce your request rate.</Message></Error>"
+)
+
+
+def slow_down(head_only: bool) -> bytes:
+    """An S3 ``503 SlowDown`` reply (no body for a HEAD request)."""
+    body = b"" if head_only else SLOW_DOWN_BODY
+    return (
+        b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\n"
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
