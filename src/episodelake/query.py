@@ -94,7 +94,9 @@ def next_key(f: FieldSpec) -> str:
 
 
 POSITION = "__position"  # the in-memory index table's column of snapshot positions
-SCAN = "'episode_table'"  # DuckDB names the Arrow stream whose scan failed: the table files, not the SQL
+# How DuckDB reports a failed scan of a registered Arrow stream (2.x names the stream, 1.5 its scan function):
+# the table files failed, not the SQL (the other registered streams are in memory)
+SCANS = ("'episode_table'", "arrow_scan: get_next failed")
 REPLANS = 3  # moves to a newer version when another process keeps rewriting the table under a query
 T = TypeVar("T")
 
@@ -155,7 +157,7 @@ class _SnapshotSQL:
         else a CorruptionError naming the damaged file; anything else is the
         query's fault (QueryError), a sandbox refusal included.
         """
-        if SCAN not in str(exc):
+        if not any(scan in str(exc) for scan in SCANS):
             if isinstance(exc, duckdb.PermissionException):
                 return QueryError(
                     f"{what}: refused, sandboxed SQL reads nothing but the dataset's episodes and steps views: {exc}"
@@ -387,21 +389,27 @@ def connect(collection: EpisodeCollection, sandbox: bool = False) -> duckdb.Duck
     return _cursor(collection.snapshot(), _view_ids(collection), sandbox)
 
 
-def _check_query(query: Any, what: str, sandbox: bool) -> str:
-    """``query`` if it is SQL text (one SELECT statement when sandboxed), else QueryError."""
+ROW_STATEMENTS = ("SELECT", "EXPLAIN")  # statements that only read: their result is lazy and may run again
+
+
+def _has_rows(query: Any, what: str, sandbox: bool) -> bool:
+    """Whether ``query``, one SQL statement, is a query (SELECT, EXPLAIN) rather than a command; else QueryError.
+
+    Sandboxed SQL must be one SELECT.
+    """
     if not isinstance(query, str) or not query.strip():
         raise QueryError(f"{what} needs a non-empty SQL string, got {query!r}")
-    if sandbox:
-        try:
-            kinds = [str(st.type).rsplit(".", 1)[-1] for st in duckdb.extract_statements(query)]
-        except duckdb.Error as exc:
-            raise QueryError(f"SQL error in {query!r}: {exc}") from exc
-        if kinds != ["SELECT"]:
-            raise QueryError(
-                f"{what}: sandboxed SQL must be exactly one SELECT statement, got {', '.join(kinds) or 'none'} "
-                f"in {query!r}"
-            )
-    return query
+    try:
+        kinds = [str(st.type).rsplit(".", 1)[-1] for st in duckdb.extract_statements(query)]
+    except duckdb.Error as exc:
+        raise QueryError(f"SQL error in {query!r}: {exc}") from exc
+    if sandbox and kinds != ["SELECT"]:
+        raise QueryError(
+            f"{what}: sandboxed SQL must be exactly one SELECT statement, got {', '.join(kinds) or 'none'} in {query!r}"
+        )
+    if len(kinds) != 1:
+        raise QueryError(f"{what} takes one SQL statement per call, got {len(kinds)} in {query!r}")
+    return kinds[0] in ROW_STATEMENTS
 
 
 class SQLResult:
@@ -427,7 +435,7 @@ class SQLResult:
         self._plan(snap)
 
     def _plan(self, snap: Snapshot) -> None:
-        """Bind the query over ``snap`` (DuckDB runs statements without rows here, once)."""
+        """Bind the query over ``snap``."""
         self._snap = snap
         try:
             self._rel = _cursor(snap, self._ids, self._sandbox).sql(self._query, params=self._params)
@@ -435,19 +443,14 @@ class SQLResult:
             raise _state(snap).failure(exc, self._what) from exc
 
     @property
-    def relation(self) -> duckdb.DuckDBPyRelation | None:
-        """DuckDB's relation of the query (None for a statement without rows)."""
+    def relation(self) -> duckdb.DuckDBPyRelation:
+        """DuckDB's own relation of the query."""
         return self._rel
-
-    @property
-    def has_rows(self) -> bool:
-        return self._rel is not None
 
     def _fetch(self, how: Callable[[duckdb.DuckDBPyRelation], T]) -> T:
         def body(snap: Snapshot) -> T:
             if snap is not self._snap:
                 self._plan(snap)
-            assert self._rel is not None
             try:
                 return how(self._rel)
             except duckdb.Error as exc:
@@ -531,13 +534,11 @@ class SQLResult:
     @property
     def columns(self) -> list[str]:
         """The result's column names."""
-        assert self._rel is not None
         return list(self._rel.columns)
 
     @property
     def types(self) -> list[str]:
         """The result's DuckDB column types, as text (``BIGINT``, ``VARCHAR[]``, ...)."""
-        assert self._rel is not None
         return [str(t) for t in self._rel.types]
 
     def __repr__(self) -> str:
@@ -545,16 +546,28 @@ class SQLResult:
 
 
 def run_sql(collection: EpisodeCollection, query: str, params: Any = None, sandbox: bool = False) -> SQLResult | None:
-    """Run ``query`` over ``episodes``/``steps``: a lazy :class:`SQLResult` (None for statements without rows).
+    """Run one SQL statement over ``episodes``/``steps``: a lazy :class:`SQLResult` for a query, else None.
 
+    A query (SELECT, EXPLAIN) runs when its result is fetched; any other
+    statement (COPY, CREATE, SET, ...) runs once, now, on a cursor of its own.
     ``params`` binds ``?`` or ``$name`` placeholders (a sequence or a mapping).
     ``sandbox``: one SELECT statement that reads nothing but the views.
     """
-    _check_query(query, "sql()", sandbox)
+    rows = _has_rows(query, "sql()", sandbox)
     check_params(params, "sql()")
+    _bound(query, params, f"SQL error in {query!r}")
     what = f"SQL error in {query!r}"
-    result = answer(collection, lambda snap: SQLResult(collection, snap, query, params, sandbox, what))
-    return result if result.has_rows else None
+    if rows:
+        return answer(collection, lambda snap: SQLResult(collection, snap, query, params, sandbox, what))
+
+    def command(snap: Snapshot) -> None:
+        try:
+            _cursor(snap, _view_ids(collection), sandbox).execute(query, params)
+        except duckdb.Error as exc:
+            raise _state(snap).failure(exc, what) from exc
+
+    answer(collection, command)
+    return None
 
 
 def sql_arrow(collection: EpisodeCollection, query: str, params: Any = None, sandbox: bool = False) -> pa.Table:
@@ -603,6 +616,18 @@ def check_params(params: Any, what: str) -> Any:
     raise ArgumentError(f"{what}: params must be a list or tuple of values or a mapping of names, got {params!r}")
 
 
+def _bound(text: str, params: Any, what: str) -> None:
+    """QueryError when SQL ``text`` has placeholders and ``params`` is None (DuckDB versions word it differently)."""
+    if params is not None:
+        return
+    try:
+        names = duckdb.extract_statements(text)[0].named_parameters
+    except duckdb.Error as exc:
+        raise QueryError(f"{what}: {exc}") from exc
+    if names:
+        raise QueryError(f"{what}: values for its placeholders ({len(names)}) were not provided: pass params=")
+
+
 def _predicate(predicate: Any, what: str) -> str:
     """``predicate`` if it parses as exactly one SQL expression (placeholders allowed), else QueryError."""
     if not isinstance(predicate, str) or not predicate.strip():
@@ -627,6 +652,7 @@ def where(collection: EpisodeCollection, predicate: str, params: Any = None) -> 
     _predicate(predicate, "where()")
     check_params(params, "where()")
     what = f"invalid where() predicate {predicate!r}"
+    _bound(f"SELECT 1 WHERE ({predicate}\n)", params, what)
     # the predicate on lines of its own: a trailing -- comment cannot reach the closing parenthesis
     condition = " WHERE (\n" + predicate + "\n)"
 
@@ -656,9 +682,10 @@ def select_episodes(collection: EpisodeCollection, query: str, params: Any = Non
     query's placeholders. The query runs sandboxed (one SELECT that reads
     nothing but the views). Ids outside ``collection`` raise :class:`QueryError`.
     """
-    _check_query(query, "select_episodes()", True)
+    _has_rows(query, "select_episodes()", True)
     check_params(params, "select_episodes()")
     what = f"invalid select_episodes() query {query!r}"
+    _bound(query, params, what)
 
     def body(snap: Snapshot) -> tuple[Snapshot, np.ndarray]:
         result = SQLResult(collection, snap, query, params, True, what)

@@ -1,0 +1,189 @@
+"""SQL that comes from configs, command lines or a web page reads nothing but the dataset.
+
+``where()``, ``select_episodes()``, ``weights=``/``priority=`` SQL, ``delete(where=)``
+and ``sql(..., sandbox=True)`` run in a DuckDB database without external access
+(docs/query.md, "Sandboxed SQL"): each attempt to read a file, a glob, a Python
+variable, or to write, attach, install, load or reconfigure must be refused as
+``QueryError`` — and leave no file behind — while legitimate predicates give
+the same episodes as a NumPy reference over the recorded episodes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import episodelake as el
+
+from .conftest import build_robot_dataset
+
+SECRET = "top-secret-hostname"
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory) -> tuple[Path, list]:
+    """A dataset of reference episodes (in episode order) and a private folder holding a secret file."""
+    root = tmp_path_factory.mktemp("sandbox")
+    raws = build_robot_dataset(str(root / "ds"), seed=11, episodes=24, per_commit=6, max_length=15)
+    private = root / "private"
+    private.mkdir()
+    (private / "hostname").write_text(SECRET + "\n")
+    (private / "table.csv").write_text("episode_id,weight\n1,1.0\n")
+    return root, raws
+
+
+@pytest.fixture
+def ds(recorded):
+    root, raws = recorded
+    ds = el.Dataset.open(str(root / "ds"), read_only=True)
+    # episode order is commit order for one writer: the reference episodes line up with positions
+    lengths = ds.sql_numpy('SELECT length FROM episodes ORDER BY created_at, episode_id')["length"]
+    assert lengths.tolist() == [r.length for r in raws]
+    return ds
+
+
+def _reads(root: Path, ds: el.Dataset) -> dict[str, str]:
+    """SQL table expressions that read something other than the dataset's views."""
+    private = root / "private"
+    table_file = next((root / "ds" / "episodes").rglob("*.parquet"))  # even the dataset's own file, by path
+    return {
+        "read_text": f"read_text('{private / 'hostname'}')",
+        "read_csv": f"read_csv('{private / 'table.csv'}')",
+        "read_parquet": f"read_parquet('{table_file}')",
+        "path as table": f"'{table_file}'",
+        "glob": f"glob('{private}/*')",
+        "read_json": f"read_json_auto('{private / 'table.csv'}')",
+        "python variable": "secret_rows",  # DuckDB's replacement scan would read a caller's local Arrow table
+    }
+
+
+READ_KINDS = ["read_text", "read_csv", "read_parquet", "path as table", "glob", "read_json", "python variable"]
+
+
+def _refused(call) -> el.QueryError:
+    with pytest.raises(el.QueryError) as info:
+        call()
+    return info.value
+
+
+@pytest.mark.parametrize("kind", READ_KINDS)
+def test_where_reads_nothing_but_the_dataset(recorded, ds, kind):
+    root, _ = recorded
+    secret_rows = pa.table({"x": [SECRET]})  # noqa: F841 -- what the replacement scan would find in this frame
+    source = _reads(root, ds)[kind]
+    err = _refused(lambda: ds.where(f"(SELECT count(*) FROM {source}) > 0"))
+    assert SECRET not in str(err)
+    # on a view, and as the fallback over the episodes view (a per-step column forces it)
+    view = ds.where("length > 0")
+    _refused(lambda: view.where(f"list_max(reward) > -100 AND (SELECT count(*) FROM {source}) > 0"))
+
+
+@pytest.mark.parametrize("kind", READ_KINDS)
+def test_select_episodes_weights_priority_and_sandboxed_sql_read_nothing_else(recorded, ds, kind):
+    root, _ = recorded
+    secret_rows = pa.table({"episode_id": [1], "weight": [1.0]})  # noqa: F841
+    source = _reads(root, ds)[kind]
+    sub = f"(SELECT count(*) FROM {source})"
+    calls = {
+        "select_episodes": lambda: ds.select_episodes(f"SELECT episode_id FROM episodes WHERE {sub} > 0"),
+        "weights expression": lambda: next(iter(ds.segment_stream(sequence_length=2, batch_size=4, weights=f"1 + {sub}"))),
+        "weights query": lambda: next(
+            iter(ds.segment_stream(sequence_length=2, batch_size=4, weights=f"SELECT episode_id, {sub} AS weight FROM episodes"))
+        ),
+        "priority": lambda: next(iter(ds.segment_stream(sequence_length=2, batch_size=4, priority=f"1 + {sub}"))),
+        "transition priority": lambda: ds.sample_transitions(4, priority=f"1 + {sub}"),
+        "sql sandbox": lambda: ds.sql(f"SELECT * FROM {source}", sandbox=True).fetchall(),
+        "sql_arrow sandbox": lambda: ds.sql_arrow(f"SELECT {sub} AS n", sandbox=True),
+    }
+    for name, call in calls.items():
+        err = _refused(call)
+        assert SECRET not in str(err), name
+
+
+def test_delete_where_reads_nothing_but_the_dataset(recorded, tmp_path):
+    root, raws = recorded
+    import shutil
+
+    shutil.copytree(root / "ds", tmp_path / "ds")
+    ds = el.Dataset.open(str(tmp_path / "ds"))
+    version = ds.version
+    _refused(lambda: ds.delete(where=f"(SELECT count(*) FROM read_text('{root / 'private' / 'hostname'}')) > 0"))
+    assert el.Dataset.open(str(tmp_path / "ds")).version == version  # nothing committed
+    assert len(el.Dataset.open(str(tmp_path / "ds"))) == len(raws)
+
+
+def test_sandboxed_sql_writes_attaches_installs_and_reconfigures_nothing(recorded, ds, tmp_path):
+    out = tmp_path / "out"
+    statements = {
+        "copy": f"COPY (SELECT * FROM episodes) TO '{out}.csv'",
+        "copy after select": f"SELECT 1; COPY (SELECT 1) TO '{out}.csv'",
+        "export": f"EXPORT DATABASE '{out}'",
+        "attach file": f"ATTACH '{out}.duckdb' AS other",
+        "attach memory": "ATTACH ':memory:' AS other",
+        "install": "INSTALL httpfs",
+        "load": "LOAD httpfs",
+        "set": "SET enable_external_access = true",
+        "reset": "RESET enable_external_access",
+        "pragma": "PRAGMA enable_profiling",
+        "create": "CREATE TABLE kept AS SELECT * FROM episodes",
+        "call": "CALL pragma_version()",
+        "secret": "CREATE SECRET (TYPE s3, KEY_ID 'a', SECRET 'b')",
+    }
+    for name, text in statements.items():
+        err = _refused(lambda text=text: ds.sql(text, sandbox=True))
+        assert "sandboxed" in str(err), name
+    # the same statements inside a predicate are not one expression
+    for text in statements.values():
+        _refused(lambda text=text: ds.where(f"1 = 1); {text}; SELECT (1"))
+    assert list(tmp_path.iterdir()) == []  # nothing was written
+    # and the sandbox is not reconfigured by anything above: a file read is still refused
+    _refused(lambda: ds.where(f"(SELECT count(*) FROM read_text('{Path(__file__)}')) > 0"))
+
+
+def test_full_sql_keeps_duckdb_power(ds, tmp_path):
+    """Without sandbox=, sql() is the caller's own DuckDB: it may write a file (docs say so)."""
+    out = tmp_path / "episodes.csv"
+    assert ds.sql(f"COPY (SELECT episode_id FROM episodes) TO '{out}' (HEADER)") is None
+    assert len(out.read_text().splitlines()) == len(ds) + 1
+
+
+PREDICATES = {
+    "task = 'pick'": lambda r: r.meta["task"] == "pick",
+    "success AND length > 5": lambda r: r.meta["success"] and r.length > 5,
+    "NOT success OR terminated": lambda r: (not r.meta["success"]) or bool(r.terminated),
+    "return > 0": lambda r: float(np.sum(r.reward, dtype=np.float64)) > 0,
+    "length BETWEEN 4 AND 9 AND task <> 'place'": lambda r: 4 <= r.length <= 9 and r.meta["task"] != "place",
+    # per-step columns: the fallback over the episodes view
+    "list_max(reward) > 1.0": lambda r: float(r.reward.max()) > 1.0,
+    "(SELECT count(*) FROM steps s WHERE s.episode_id = episodes.episode_id AND s.action = 3) >= 2": (
+        lambda r: int((r.action["action"] == 3).sum()) >= 2
+    ),
+}
+
+
+@pytest.mark.parametrize("predicate", list(PREDICATES))
+def test_legitimate_predicates_select_what_numpy_selects(recorded, ds, predicate):
+    _, raws = recorded
+    want = np.flatnonzero([PREDICATES[predicate](r) for r in raws])
+    assert 0 < len(want) < len(raws), "the predicate must split the episodes to prove anything"
+    view = ds.where(predicate)
+    assert view.positions.tolist() == want.tolist()
+    ids = ds.episode_ids[want]
+    same = ds.select_episodes(f"SELECT episode_id FROM episodes WHERE {predicate}")
+    assert same.episode_ids.tolist() == ids.tolist()
+    got = ds.sql_numpy(f"SELECT episode_id FROM episodes WHERE {predicate}", sandbox=True)["episode_id"]
+    assert sorted(got.tolist()) == sorted(ids.tolist())
+
+
+def test_sandboxed_weights_and_priority_still_weigh(recorded, ds):
+    _, raws = recorded
+    picks = {int(ds.episode_ids[i]) for i, r in enumerate(raws) if r.meta["task"] == "pick"}
+    assert 0 < len(picks) < len(raws)
+    weighted = ds.segment_stream(sequence_length=2, batch_size=64, seed=3, weights="CASE WHEN task = 'pick' THEN 1 ELSE 0 END")
+    assert set(next(iter(weighted)).episode_id.tolist()) <= picks
+    query = "SELECT episode_id, CAST(task = 'pick' AS DOUBLE) AS weight FROM episodes"
+    prioritized = ds.segment_stream(sequence_length=2, batch_size=64, seed=3, priority=query)
+    assert set(next(iter(prioritized)).episode_id.tolist()) <= picks
