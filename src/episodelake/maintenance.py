@@ -395,7 +395,8 @@ def check_retention(retention_hours: float, break_old_versions: bool, what: str 
             f"{what}: retention_hours={retention_hours} is below the safe minimum of {MIN_RETENTION_HOURS:g} h: "
             f"files of versions superseded less than {MIN_RETENTION_HOURS:g} h ago would be removed, so time travel "
             "to them and readers still pinned to them (another process's snapshot, a running stream) would fail; "
-            "pass break_old_versions=True to accept that (uncommitted data of concurrent writers stays safe either "
+            "pass break_old_versions=True (episodelake vacuum --break-old-versions) to accept that "
+            "(uncommitted data of concurrent writers stays safe either "
             f"way: files no version references are kept for at least {UNREFERENCED_FLOOR_HOURS:g} h)"
         )
 
