@@ -974,16 +974,22 @@ class Dataset(EpisodeCollection):
         self.snapshot()  # read-your-writes: audit the version holding this object's finished episodes
         return validate(self._store, tensors=tensors)
 
-    def vacuum(self, dry_run: bool = False, retention_hours: float | None = None) -> VacuumReport:
+    def vacuum(
+        self, dry_run: bool = False, retention_hours: float | None = None, *, break_old_versions: bool = False
+    ) -> VacuumReport:
         """Delete unreferenced table files and crash leftovers in the tensors (see :mod:`maintenance`).
 
-        Only data older than ``retention_hours`` (default 168) goes, so
-        concurrent writers and retained versions stay intact.
+        Versions superseded less than ``retention_hours`` (default 168) ago
+        stay whole; data no version references (a concurrent writer's
+        uncommitted files) goes only once older than 1 h, whatever the
+        retention. A retention below 1 h needs ``break_old_versions=True``
+        (:class:`ArgumentError` otherwise): time travel to the versions it
+        drops, and readers pinned to them, then fail.
         """
         from .maintenance import DEFAULT_RETENTION_HOURS, vacuum
 
         hours = DEFAULT_RETENTION_HOURS if retention_hours is None else retention_hours
-        return vacuum(self._store, dry_run=dry_run, retention_hours=hours)
+        return vacuum(self._store, dry_run=dry_run, retention_hours=hours, break_old_versions=break_old_versions)
 
     @cached_property
     def info(self) -> dict[str, Any]:

@@ -124,7 +124,7 @@ class Store:
         self.context: ts.Context = make_context(durable=durable, cache_bytes=cache_bytes)
         self._subscribers: list[weakref.WeakMethod[Callable[[], None]]] = []
         capacity = descriptor.get("capacity")
-        self.capacity = Capacity(**capacity) if capacity else None
+        self.capacity = Capacity.from_json(capacity) if capacity else None
         self._evictor = Evictor(self.capacity) if self.capacity else None
         # One array per commit (dropped whole by vacuum once unreferenced): object stores and capacity datasets.
         self.per_commit: bool = descriptor["tensor_layout"].get("per_commit", not location.is_local)
