@@ -99,7 +99,7 @@ def test_local_commits_store_their_payload(tmp_path, capacity):
     eps, payload = write_commits(ds, [[20]] * 30, seed=2)
     fs = resolve(path).fs
     nbytes, objects = stored(fs, f"{path}/tensors")
-    one_chunk = camera_schema()["camera"].rows_per_chunk * int(np.prod(CAMERA))
+    one_chunk = camera_schema()["observation/camera"].rows_per_chunk * int(np.prod(CAMERA))
     padding = one_chunk if capacity is None else 0
     assert nbytes <= 1.1 * payload + padding + PER_OBJECT * objects, (nbytes, payload, objects)
     assert_reads_back(el.Dataset.open(path, read_only=True), eps)
