@@ -52,8 +52,8 @@ import numpy as np
 import pyarrow as pa
 
 from .episode import EpisodeBatch, FinishedEpisode, batch_of, concat_batches
-from .errors import EpisodeStateError, ReadOnlyError, StorageError, ValidationError
-from .faults import quiet_panics, storage_fault
+from .errors import EpisodeLakeError, EpisodeStateError, ReadOnlyError, StorageError, ValidationError
+from .faults import clean_text, quiet_panics, storage_fault
 from .frames import FrameArray
 from .schema import DatasetSchema, FieldSpec, to_storage
 from .stats import STAT_PARTS, has_stats, stat_column
@@ -220,7 +220,9 @@ def _commit_at_exit() -> None:
             sink.commit()
         except Exception as exc:  # one failing dataset must not keep the others from committing
             # One line, no traceback: which episodes are lost and why (a StorageError says it in plain words).
-            print(f"episodelake: not committed at exit: {sink.describe_pending()}: {exc}", file=sys.stderr)
+            why = clean_text(str(exc) if isinstance(exc, EpisodeLakeError) else f"{type(exc).__name__}: {exc}")
+            line = f"episodelake: not committed at exit: {sink.describe_pending()}: {why}"
+            print(" ".join(line.split()), file=sys.stderr)
 
 
 # threading's exit hooks run before concurrent.futures shuts its pools down (atexit runs after).
