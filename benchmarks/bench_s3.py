@@ -12,6 +12,11 @@ state/action/reward), writes it to local disk, copies it to S3 with
 * S3 without a cache, straight to the server, through the latency proxy
   (``tests/latency_proxy.py``) adding nothing, and adding 30 ms per request
   (ceiling too);
+* S3 through the fault proxy (``tests/fault_proxy.py``) answering 10% of
+  requests ``503 SlowDown`` (``--slow-down``), beside the same proxy with no
+  faults: retries start at tens of milliseconds
+  (:class:`~episodelake.location.StorageTimeouts`), so the ratio shows what
+  the 503s cost;
 * S3 with the disk cache (``cache_dir``): cold (empty cache) and warm (the
   same batches again, in a fresh ``Dataset``);
 * 2 processes sharing one cold disk cache, sampling the same batches at the
@@ -21,7 +26,8 @@ The configurations are measured in interleaved rounds (``--rounds``) and the
 median run of each is printed, so load from other processes on the machine
 hits them alike. Prints segments/s, ratios, requests per batch and bytes read
 per byte used. ``--quick`` shrinks everything; ``--prefetch`` sets how many
-batches ``segment_stream`` builds at once.
+batches ``segment_stream`` builds at once; ``--faults-only`` measures only
+the clean and the 503 rows.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ import tensorstore as ts
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from tests.fault_proxy import FaultProxy
 from tests.latency_proxy import LatencyProxy
 from tests.s3server import S3Server
 
@@ -144,6 +151,8 @@ def main() -> None:
     ap.add_argument("--latency", type=float, default=0.03, help="seconds the proxy adds per request")
     ap.add_argument("--rounds", type=int, default=None, help="interleaved rounds per configuration (median)")
     ap.add_argument("--prefetch", type=int, default=2, help="segment_stream prefetch (batches built at once)")
+    ap.add_argument("--slow-down", type=float, default=0.10, help="fraction of requests the fault proxy answers 503")
+    ap.add_argument("--faults-only", action="store_true", help="measure only the clean and the 503 rows")
     ap.add_argument("--worker", nargs=5, help=argparse.SUPPRESS)
     args = ap.parse_args()
     global PREFETCH
@@ -177,31 +186,55 @@ def main() -> None:
 
         ms = f"+{args.latency * 1e3:.0f} ms"
         seconds = 2.0 if args.quick else 5.0
-        with LatencyProxy(server.endpoint) as proxy0, LatencyProxy(server.endpoint, args.latency) as proxy30:
-            s3 = el.Dataset.open(url, storage_options=opts, read_only=True)
-            via0 = el.Dataset.open(url, storage_options=proxy0.storage_options(opts), read_only=True)
-            via30 = el.Dataset.open(url, storage_options=proxy30.storage_options(opts), read_only=True)
-            warm_ds = el.Dataset.open(url, storage_options=opts, read_only=True, cache_dir=f"{tmp}/warm")
-            sample(warm_ds, batches)  # fills the warm cache with the batches measured below
-            disk_ds = el.Dataset.open(f"{tmp}/local", read_only=True)
+        pct = f"{args.slow_down:.0%} 503 SlowDown"
+        with (
+            LatencyProxy(server.endpoint) as proxy0,
+            LatencyProxy(server.endpoint, args.latency) as proxy30,
+            FaultProxy(server.endpoint) as clean,
+            FaultProxy(server.endpoint, slow_down=args.slow_down, seed=1) as faulty,
+        ):
+            via_clean = el.Dataset.open(url, storage_options=clean.storage_options(opts), read_only=True)
+            via_503 = el.Dataset.open(url, storage_options=faulty.storage_options(opts), read_only=True)
             runs: dict[str, Callable[[int], dict[str, float]]] = {
-                "local disk": lambda r: sample(disk_ds, batches),
-                "S3 ranged-GET ceiling (64 in flight)": lambda r: point(ceiling(url, opts, seconds)),
-                "S3, no cache": lambda r: sample(s3, batches, seed=10 + r),
-                "S3 via proxy +0 ms": lambda r: sample(via0, batches, seed=20 + r),
-                f"ceiling via proxy {ms}": lambda r: point(ceiling(url, proxy30.storage_options(opts), seconds)),
-                f"S3 via proxy {ms}": lambda r: sample(via30, batches, seed=30 + r),
-                "S3 + disk cache, cold": lambda r: sample(
-                    el.Dataset.open(url, storage_options=opts, read_only=True, cache_dir=f"{tmp}/cold{r}"), batches
-                ),
-                "S3 + disk cache, warm": lambda r: sample(warm_ds, batches),
+                "S3 via fault proxy, no faults": lambda r: sample(via_clean, batches, seed=40 + r),
+                f"S3 via fault proxy, {pct}": lambda r: sample(via_503, batches, seed=40 + r),
             }
+            if not args.faults_only:
+                s3 = el.Dataset.open(url, storage_options=opts, read_only=True)
+                via0 = el.Dataset.open(url, storage_options=proxy0.storage_options(opts), read_only=True)
+                via30 = el.Dataset.open(url, storage_options=proxy30.storage_options(opts), read_only=True)
+                warm_ds = el.Dataset.open(url, storage_options=opts, read_only=True, cache_dir=f"{tmp}/warm")
+                sample(warm_ds, batches)  # fills the warm cache with the batches measured below
+                disk_ds = el.Dataset.open(f"{tmp}/local", read_only=True)
+                runs = {
+                    "local disk": lambda r: sample(disk_ds, batches),
+                    "S3 ranged-GET ceiling (64 in flight)": lambda r: point(ceiling(url, opts, seconds)),
+                    "S3, no cache": lambda r: sample(s3, batches, seed=10 + r),
+                    "S3 via proxy +0 ms": lambda r: sample(via0, batches, seed=20 + r),
+                    f"ceiling via proxy {ms}": lambda r: point(ceiling(url, proxy30.storage_options(opts), seconds)),
+                    f"S3 via proxy {ms}": lambda r: sample(via30, batches, seed=30 + r),
+                    **runs,
+                    "S3 + disk cache, cold": lambda r: sample(
+                        el.Dataset.open(url, storage_options=opts, read_only=True, cache_dir=f"{tmp}/cold{r}"), batches
+                    ),
+                    "S3 + disk cache, warm": lambda r: sample(warm_ds, batches),
+                }
             # rounds interleave the configurations, so load from other processes hits them alike; medians reported
             results: dict[str, list[dict[str, float]]] = {name: [] for name in runs}
             for r in range(args.rounds):
                 for name, run in runs.items():
                     results[name].append(run(r))
+            injected = faulty.injected["503"]
         rows = [(name, median(found)) for name, found in results.items()]
+        get = dict(rows)
+        clean_rate = get["S3 via fault proxy, no faults"]["rate"]
+        faulty_rate = get[f"S3 via fault proxy, {pct}"]["rate"]
+        if args.faults_only:
+            print(f"median of {args.rounds} interleaved rounds")
+            print(f"S3 via fault proxy, no faults: {clean_rate:.0f} segments/s")
+            print(f"S3 via fault proxy, {pct}: {faulty_rate:.0f} segments/s ({injected} requests answered 503)")
+            print(f"{pct} / no faults: {faulty_rate / clean_rate:.2f}")
+            return
         shared = run_workers(2, url, opts, f"{tmp}/shared", batches, PREFETCH)
         rows += [(f"2 processes, 1 cold cache: #{i + 1}", out) for i, out in enumerate(shared)]
         # no prefetch: it reads exactly the batches the two processes read (theirs may have built a few more)
@@ -221,6 +254,7 @@ def main() -> None:
         slow = get[f"S3 via proxy {ms}"]["rate"]
         print(f"\nS3 no cache / ceiling: {uncached / top:.2f}")
         print(f"S3 {ms} / S3 no cache: {slow / uncached:.2f}; / S3 via proxy +0 ms: {slow / via0_rate:.2f}")
+        print(f"S3 {pct} / no faults (fault proxy): {faulty_rate / clean_rate:.2f} ({injected} requests answered 503)")
         print(f"warm disk cache / local disk: {get['S3 + disk cache, warm']['rate'] / disk:.2f}")
         print(f"3rd process downloaded {after['total_bytes']} bytes in {after['requests']} requests in all")
 
