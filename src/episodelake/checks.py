@@ -397,9 +397,10 @@ def _meta_values(f: FieldSpec, given: Any, n: int) -> tuple[np.ndarray, np.ndarr
         try:
             return check_values(f, given, (n,), "episode columns meta"), np.ones(n, dtype=bool)
         except ValidationError:
-            for i in range(n):  # name the first bad episode
-                meta_value(f, given[i], f"episode {i}")
-            raise
+            # name the first bad episode; if none is bad on its own (a list mixing ints beyond int64 with
+            # smaller ones reads as float64 as a whole), the values checked one by one are the column
+            checked = [meta_value(f, given[i], f"episode {i}") for i in range(n)]
+            return np.stack(checked).astype(f.np_dtype, copy=False), np.ones(n, dtype=bool)
     valid = np.array([v is not None for v in given], dtype=bool)
     values = _empty_meta(f, n)
     for i in np.flatnonzero(valid).tolist():
