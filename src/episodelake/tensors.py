@@ -458,7 +458,14 @@ def _create_store(
         # Every written chunk is stored (even all-zero ones), so a missing chunk is an error on read.
         "store_data_equal_to_fill_value": True,
     }
-    return await_op(ts.open(spec, context=context), loc, where, "creating")
+    try:
+        return await_op(ts.open(spec, context=context), loc, where, "creating")
+    except ValueError as exc:
+        if "ALREADY_EXISTS" not in str(exc):
+            raise
+    # The metadata PUT landed but its reply was lost, so the retried conditional PUT found it: the array is
+    # ours (a writer's arrays are its own, and each attempt takes a new commit number): open it, same metadata.
+    return await_op(ts.open({**spec, "open": True}, context=context), loc, where, "creating")
 
 
 class _Ready:
