@@ -218,7 +218,10 @@ def _commit_at_exit() -> None:
             )
         try:
             sink.commit()
-        except Exception as exc:  # one failing dataset must not keep the others from committing
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:  # one failing dataset must not keep the others from committing
+            # BaseException: deltalake's Rust panics arrive as pyo3's PanicException, a BaseException
             # One line, no traceback: which episodes are lost and why (a StorageError says it in plain words).
             why = clean_text(str(exc) if isinstance(exc, EpisodeLakeError) else f"{type(exc).__name__}: {exc}")
             line = f"episodelake: not committed at exit: {sink.describe_pending()}: {why}"
