@@ -27,6 +27,7 @@ from .errors import (
     ValidationError,
 )
 from .lineage import load_state, save_state, stream_from_state
+from .location import StorageTimeouts
 from .retention import Capacity
 from .samplers import PrioritizedSampler
 from .schema import DatasetSchema, FieldSpec, infer_schema, schema_from_gym_spaces
@@ -64,6 +65,7 @@ __all__ = [
     "SchemaError",
     "Segment",
     "StorageError",
+    "StorageTimeouts",
     "StreamStoppedError",
     "ValidationError",
     "VectorEpisodeWriter",
