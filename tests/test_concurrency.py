@@ -112,7 +112,7 @@ def test_concurrent_appends_many_commits(tmp_path):
     figures = run_concurrent(str(tmp_path / "ds"), writers=4, episodes=66, per_commit=1, check_every=16)
     print("concurrency (slow):", figures)
     operations = [h.get("operation") for h in el.Dataset.open(str(tmp_path / "ds")).history()]
-    assert "OPTIMIZE" in operations  # each writer compacted once, racing the others' appends
+    assert "COMPACT" in operations  # each writer compacted once, racing the others' appends
 
 
 def test_compaction_from_a_stale_handle_duplicates_nothing(tmp_path):

@@ -222,7 +222,7 @@ def test_a_commit_does_not_wait_for_the_compaction_it_triggered(tmp_path, monkey
     table_mod.join_compactions()
     reopened = el.Dataset.open(str(tmp_path / "ds"))
     assert len(reopened._store.table.file_uris()) < files_before
-    assert any(h.get("operation") == "OPTIMIZE" for h in reopened.history())
+    assert any(h.get("operation") == "COMPACT" for h in reopened.history())
     assert len(reopened) == table_mod.COMPACT_EVERY + 3 and reopened.validate().ok
 
 
@@ -244,7 +244,7 @@ def test_a_compaction_running_at_exit_is_joined(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     ds = el.Dataset.open(str(tmp_path / "ds"))
-    assert any(h.get("operation") == "OPTIMIZE" for h in ds.history())
+    assert any(h.get("operation") == "COMPACT" for h in ds.history())
     lock = ds.location.child(*layout.compact_lock_parts())
     assert not Path(lock).exists()  # released: the compaction ran to its end before the interpreter went
     assert len(ds) == table_mod.COMPACT_EVERY and ds.validate().ok
