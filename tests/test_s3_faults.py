@@ -12,6 +12,7 @@ down commits those episodes with its next flush once it is back.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -114,6 +115,25 @@ def test_flush_on_a_dead_endpoint_raises_then_commits_once_it_is_back(s3_server,
         proxy.set_down(False)
         ds.flush()
     check_in_fresh_process(s3_url, s3_server.storage_options, 12, 8, 8)
+
+
+def test_exit_commit_on_a_dead_endpoint_names_the_lost_episodes_once(s3_server, s3_url):
+    """A script whose endpoint died before its exit commit ends normally; one stderr line names the episodes
+    not committed and the cause; nothing of them is visible."""
+    with FaultProxy(s3_server.endpoint) as proxy:
+        env = {**os.environ, "EXIT_STORAGE_OPTIONS": json.dumps(options(proxy, s3_server.storage_options))}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.scripts.exit_record", s3_url, "3", "2", "--end", "wait"],
+            cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        proxy.set_down(True)
+        _, err = proc.communicate("\n", timeout=300)
+    assert proc.returncode == 0, err
+    assert err.count("not committed at exit") == 1, err
+    assert "2 finished episode(s)" in err and s3_url in err and "unreachable" in err, err
+    assert "Traceback" not in err and "panicked" not in err, err
+    check_in_fresh_process(s3_url, s3_server.storage_options, 3, 2, 0)
 
 
 @pytest.mark.slow
