@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import episodelake as el
+from episodelake.errors import ValidationError
 from episodelake.importers import import_dataset
 from episodelake.lerobot_export import to_lerobot
 from episodelake.tensors import tensors_size
@@ -172,3 +173,20 @@ def test_cli_round_trip(tmp_path):
         proc = subprocess.run([*CLI, *argv, "--quiet"], capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr
     assert_same_dataset(el.Dataset.open(str(tmp_path / "back")), ds)
+
+
+def test_a_damaged_record_is_named(tmp_path):
+    ds, _ = source(None)
+    out = to_lerobot(ds, tmp_path / "lr", fps=10, vcodec="h264")
+    info_path = out / "meta/info.json"
+    good = info_path.read_text()
+    info = json.loads(good)
+    info["episodelake"]["fields"]["action"]["shape"] = [0]
+    info_path.write_text(json.dumps(info))
+    with pytest.raises(ValidationError, match=r"meta/info.json: 'episodelake' entry is not a valid field record"):
+        import_dataset("lerobot", out, None)
+    info_path.write_text(good)
+    episodes = out / "meta/episodes/chunk-000/file-000.parquet"
+    pq.write_table(pq.read_table(episodes).drop_columns(["meta/seed"]), episodes)
+    with pytest.raises(ValidationError, match=r"no column for the recorded meta field\(s\) \['seed'\]"):
+        import_dataset("lerobot", out, None)

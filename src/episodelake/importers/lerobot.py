@@ -155,8 +155,10 @@ class LeRobotSource:
         if record is None:
             return None, None
         try:
-            fields = {str(k): dict(v) for k, v in record["fields"].items()}
-            meta = {str(k): FieldSpec.from_json(v) for k, v in record["meta"].items()}
+            fields = {str(k): _importable(v) for k, v in record["fields"].items()}
+            for spec in fields.values():
+                FieldSpec.from_json(spec)  # checked here, so a bad record is named as such
+            meta = {str(k): FieldSpec.from_json(_importable(v)) for k, v in record["meta"].items()}
         except (KeyError, TypeError, AttributeError, ValueError, SchemaError) as exc:
             raise ValidationError(f"{info_path}: {RECORD!r} entry is not a valid field record: {exc}") from exc
         unknown = sorted(set(fields) - set(self.features))
@@ -313,7 +315,7 @@ def _camera_spec(
     """The field of a camera feature: the recorded spec (its codec kept unless ``camera_options`` choose a
     codec or compression), else a ``uint8`` field in the layout its ``names`` spell; ``camera_options`` on top."""
     if recorded is not None and key in recorded:
-        base = _importable(recorded[key])
+        base = dict(recorded[key])
         if any(k in camera_options for k in STORAGE_CHOICES):
             base = {k: v for k, v in base.items() if k not in (*STORAGE_CHOICES, "quality")}
     else:
@@ -356,7 +358,7 @@ def load(
             skipped.append(key)
             continue
         elif recorded is not None and key in recorded:
-            spec = FieldSpec.from_json(_importable(recorded[key]))
+            spec = FieldSpec.from_json(recorded[key])
         else:
             role, name = field_of(key)
             spec = FieldSpec(name, feature_shape(feature, key), dtype, role=role)
@@ -364,7 +366,7 @@ def load(
         keys[spec.key] = key
     has_reward = REWARD in source.features
     if recorded is not None and REWARD in recorded:
-        reward = FieldSpec.from_json(_importable(recorded[REWARD]))
+        reward = FieldSpec.from_json(recorded[REWARD])
     else:
         reward = FieldSpec("reward", (), source.features[REWARD]["dtype"] if has_reward else "float32", role="reward")
     fields.append(reward)
@@ -373,7 +375,7 @@ def load(
         raise SchemaError(f"{src}: the LeRobot dataset has no action feature; episodelake needs one")
     task_field: FieldSpec | None = None  # the field that gets the per-frame task_index, if any
     if recorded is not None:
-        task_field = FieldSpec.from_json(_importable(recorded["task_index"])) if "task_index" in recorded else None
+        task_field = FieldSpec.from_json(recorded["task_index"]) if "task_index" in recorded else None
     elif any(len(e.get("tasks") or []) > 1 for e in source.episodes):
         task_field = FieldSpec("task_index", (), "int64", role="observation")
     if task_field is not None:
@@ -382,11 +384,7 @@ def load(
     if recorded is not None:  # the source's field order
         order = {key: i for i, key in enumerate(recorded)}
         fields.sort(key=lambda f: order.get(keys[f.key], len(order)))
-    meta = (
-        [FieldSpec.from_json(_importable(f.to_json())) for f in source.record_meta.values()]
-        if source.record_meta is not None
-        else [TASK, SOURCE_EPISODE]
-    )
+    meta = list(source.record_meta.values()) if source.record_meta is not None else [TASK, SOURCE_EPISODE]
     schema = DatasetSchema([*fields, *meta])
     # a one-frame episode that cannot say it ended has no transition to keep
     skipped_episodes = (
