@@ -53,7 +53,7 @@ import pyarrow as pa
 
 from .episode import EpisodeBatch, FinishedEpisode, batch_of, concat_batches
 from .errors import EpisodeLakeError, EpisodeStateError, ReadOnlyError, StorageError, ValidationError
-from .faults import clean_text, quiet_panics, storage_fault
+from .faults import clean_text, storage_fault
 from .frames import FrameArray
 from .schema import DatasetSchema, FieldSpec, to_storage
 from .stats import STAT_PARTS, has_stats, stat_column
@@ -456,8 +456,7 @@ class CommitSink:
         ids = (self.number << 32) | np.arange(self.seq, self.seq + len(batch), dtype=np.int64)
         rows = build_rows(self.schema, batch, summary, self.name, ids, refs)
         where[0] = self.store.location.delta_uri()
-        with quiet_panics():  # a failed table write makes deltalake's runtime print a panic report
-            version = self.store.append(rows)  # evicts in the same commit when the dataset has a capacity
+        version = self.store.append(rows)  # evicts in the same commit when the dataset has a capacity
         self.seq += len(batch)
         self._forget_pending()
         self.store.committed()

@@ -33,7 +33,7 @@ from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundErr
 
 from . import layout
 from .errors import ArgumentError, CommitConflictError, CorruptionError, DatasetNotFoundError, EpisodeLakeError
-from .faults import storage_fault
+from .faults import quiet_panics, storage_fault
 from .location import Location
 from .schema import DatasetSchema
 from .stats import STAT_PARTS, has_stats, stat_column
@@ -257,7 +257,8 @@ class EpisodeTable:
         for n in range(COMMIT_RETRIES):
             read = self.version
             try:
-                attempt()
+                with quiet_panics():  # a failed file write makes deltalake's runtime print a panic report
+                    attempt()
                 break
             except CommitFailedError as exc:
                 if self._landed(token_of(), read):
