@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 
 import episodelake as el
+from episodelake import faults
 
 from .workers.common import assert_all_match, crash_schema, episode, write_stepwise
 
@@ -280,3 +281,26 @@ def test_prefetch_failure_raises_once_in_the_foreground(shared_dir):
     assert result["after"] == "StopIteration"  # raised once; the stream then ends
     assert "Traceback" not in err and "panicked" not in err, err
     assert_all_match(el.Dataset.open(url, read_only=True), [episode(SEED, i) for i in range(64)])
+
+
+# Rust's two report shapes: with a backtrace (RUST_BACKTRACE=1, as deltalake prints them) and without.
+PANICS = (
+    "\nthread 'tokio-rt-worker' (7315) panicked at /cargo/object_store-0.13.2/src/buffered.rs:369:41:\n"
+    "Already shut down\nstack backtrace:\n   0: rust_begin_unwind\n"
+    "             at /rustc/library/std/src/panicking.rs:1\n"
+    "note: Some details are omitted, run with `RUST_BACKTRACE=full` for a verbose backtrace.\n",
+    "thread 'main' panicked at src/lib.rs:4:5:\nForked process detected\n"
+    "note: run with `RUST_BACKTRACE=1` environment variable to display a backtrace\n",
+)
+
+
+def test_panic_reports_are_dropped_from_stderr_only_when_the_block_failed(capfd):
+    written = "kept before\n" + PANICS[0] + "kept between\n" + PANICS[1] + "kept after\n"
+    with faults.quiet_panics():
+        os.write(2, written.encode())
+    assert capfd.readouterr().err == written  # a block that succeeded: stderr unchanged, panics included
+    with pytest.raises(RuntimeError), faults.quiet_panics():
+        os.write(2, written.encode())
+        raise RuntimeError("the commit failed")
+    assert capfd.readouterr().err == "kept before\nkept between\nkept after\n"
+
