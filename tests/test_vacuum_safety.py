@@ -205,3 +205,106 @@ def test_a_descriptor_from_before_the_override_keeps_its_short_retention(tmp_pat
     assert reopened._store.capacity is not None and reopened._store.capacity.break_old_versions
     write(reopened, range(2, 5))
     assert live_numbers(el.Dataset.open(path)) == [2, 3, 4]
+
+
+# ---------------------------------------------------------------- the race in real processes (slow)
+#
+# ``python -m tests.test_vacuum_safety ROLE PLAIN CAPACITY OPTIONS_JSON TRUTH ITERATIONS``: ROLE ``deleter``
+# appends to PLAIN and deletes from it, ``evictor`` appends to the capacity dataset CAPACITY, ``compactor``
+# compacts both, ``vacuumer`` vacuums both at retention 0 (with the override) and 1 h; ``check`` reopens both
+# and compares them with TRUTH. Writers append a line to TRUTH after each call returned: "w DS N..." (appended)
+# and "d DS N" (deleted). Any exception ends the process with a nonzero status.
+
+CAPACITY = 10  # episodes
+
+
+def _worker(role: str, plain: str, capacity: str, options: dict | None, truth: str, iterations: int) -> None:
+    import random
+
+    def record(line: str) -> None:
+        with open(truth, "a") as fh:
+            fh.write(line + "\n")
+
+    if role == "deleter":
+        ds = el.Dataset.open(plain, storage_options=options, commit_episodes=10**6)
+        rng, live = random.Random(0), []
+        for i in range(iterations):
+            numbers = range(3 * i, 3 * i + 3)
+            write(ds, numbers)
+            record("w plain " + " ".join(map(str, numbers)))
+            live += numbers
+            if i % 2:
+                gone = live.pop(rng.randrange(len(live)))
+                assert ds.delete(where=f"n = {gone}") == 1
+                record(f"d plain {gone}")
+    elif role == "evictor":
+        ds = el.Dataset.open(capacity, storage_options=options, commit_episodes=10**6)
+        for i in range(iterations):
+            numbers = range(3 * i, 3 * i + 3)
+            write(ds, numbers)
+            record("w capacity " + " ".join(map(str, numbers)))
+    elif role == "compactor":
+        handles = [el.Dataset.open(p, storage_options=options) for p in (plain, capacity)]
+        for _ in range(iterations):
+            for ds in handles:
+                ds.compact()
+    elif role == "vacuumer":
+        handles = [el.Dataset.open(p, storage_options=options) for p in (plain, capacity)]
+        for i in range(iterations):
+            for ds in handles:
+                if i % 3 == 2:
+                    ds.vacuum(retention_hours=1)
+                else:
+                    ds.vacuum(retention_hours=0, break_old_versions=True)
+    elif role == "check":
+        appended: dict[str, list[int]] = {"plain": [], "capacity": []}
+        deleted: set[int] = set()
+        model = Fifo(episodes=CAPACITY)
+        with open(truth) as fh:
+            for line in fh:
+                kind, name, *ns = line.split()
+                if kind == "w":
+                    appended[name] += map(int, ns)
+                    if name == "capacity":
+                        model.commit([(int(n), length_of(int(n))) for n in ns])
+                else:
+                    deleted.add(int(ns[0]))
+        for path, want in ((plain, [n for n in appended["plain"] if n not in deleted]), (capacity, model.numbers)):
+            ds = el.Dataset.open(path, storage_options=options)
+            assert live_numbers(ds) == want, (path, live_numbers(ds), want)
+            for ref in ds.episodes():
+                check_episode(ref)
+            report = ds.validate()
+            assert report.ok, [str(p) for p in report.problems[:5]]
+        print(f"checked {len(appended['plain'])} + {len(appended['capacity'])} episodes", flush=True)
+    else:
+        raise SystemExit(f"unknown role {role!r}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["disk", "s3"])
+def test_deletes_evictions_compactions_and_vacuums_race_without_loss(kind, tmp_path, request):
+    path, options = where(kind, tmp_path, request)
+    plain, capacity = path, path + "-capacity"
+    el.Dataset.create(schema(), plain, storage_options=options)
+    cap = {"episodes": CAPACITY, "retention_hours": 0, "break_old_versions": True, "vacuum_every": 3}
+    el.Dataset.create(schema(), capacity, storage_options=options, capacity=cap)  # local: auto-vacuums too
+    truth = str(tmp_path / "truth.txt")
+    iterations = 40 if kind == "disk" else 24
+    args = [plain, capacity, json.dumps(options), truth, str(iterations)]
+    procs = {
+        role: subprocess.Popen([sys.executable, "-m", "tests.test_vacuum_safety", role, *args], cwd=ROOT,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for role in ("deleter", "evictor", "compactor", "vacuumer")
+    }
+    outcomes = {role: proc.communicate(timeout=600) for role, proc in procs.items()}
+    for role, proc in procs.items():
+        assert proc.returncode == 0, f"{role}: {outcomes[role][1][-3000:]}"
+    checked = subprocess.run([sys.executable, "-m", "tests.test_vacuum_safety", "check", *args], cwd=ROOT,
+                             capture_output=True, text=True, timeout=600)
+    assert checked.returncode == 0, checked.stderr[-3000:]
+    assert f"checked {3 * iterations} + {3 * iterations} episodes" in checked.stdout
+
+
+if __name__ == "__main__":
+    _worker(sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4]), sys.argv[5], int(sys.argv[6]))

@@ -58,6 +58,7 @@ needs ``break_old_versions=True``.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import warnings
 import zlib
@@ -438,7 +439,7 @@ def vacuum(
         if _newest_mtime(loc, path) < cutoffs.unreferenced:
             report.temp_files.append(path)
             if not dry_run:
-                loc.fs.rm(path)
+                _remove(loc, path)
     return report
 
 
@@ -480,9 +481,10 @@ def _referenced_rows(store: Store, doomed: set[str]) -> tuple[Runs, set[tuple[st
         try:
             tbl = read_table_file(loc, path, columns)
         except FileNotFoundError:
-            if path in doomed:  # a concurrent vacuum removed it already
-                continue
-            raise CorruptionError(f"{path}: table file vanished, tensors left untouched") from None
+            # only a vacuum removes table files, and never one of the latest version
+            if path in doomed or path.rsplit("/", 1)[-1] not in {p.rsplit("/", 1)[-1] for p in latest_file_paths(loc)}:
+                continue  # a concurrent vacuum removed it: the versions that held it are gone already
+            raise CorruptionError(f"{path}: a file of the latest version is missing, tensors left untouched") from None
         except (OSError, pa.ArrowException) as exc:
             raise CorruptionError(f"{path}: unreadable table file, tensors left untouched: {exc}") from exc
         writers = tbl["writer"].to_numpy(zero_copy_only=False)
@@ -528,13 +530,16 @@ def _vacuum_tensors(
         last_commit[w] = max(c, last_commit.get(w, 0))
     for writer in tensor_writers(loc):
         wdir = loc.child(*layout.writer_parts(writer))
-        commits = writer_commits(loc, writer)
+        try:
+            commits = writer_commits(loc, writer)
+        except FileNotFoundError:
+            continue  # a concurrent vacuum removed it meanwhile
         if writer not in live:  # it may be alive, about to write (a first commit, a single array): the floor applies
             report.unreferenced_rows += _stored_rows(store, writer, commits)
             if _newest_mtime(loc, wdir) < cutoffs.unreferenced:
                 report.tensor_arrays.append(wdir)
                 if not report.dry_run:
-                    loc.fs.rm(wdir, recursive=True)
+                    _remove(loc, wdir)
             continue
         for f in store.schema.tensor_fields:
             _count_single_array(store, writer, f, refs, report)
@@ -546,8 +551,9 @@ def _vacuum_tensors(
         if not report.dry_run:
             for commit in commits:  # a commit directory whose arrays all went
                 cdir = loc.child(*layout.writer_parts(writer, commit))
-                if loc.is_local and loc.fs.exists(cdir) and not loc.fs.find(cdir):
-                    loc.fs.rm(cdir, recursive=True)
+                empty = loc.is_local and loc.fs.exists(cdir) and not loc.fs.find(cdir)
+                if empty and _newest_mtime(loc, cdir) < cutoffs.unreferenced:  # (or one being created now)
+                    _remove(loc, cdir)
 
 
 def _stored_rows(store: Store, writer: str, commits: list[int]) -> int:
@@ -583,7 +589,12 @@ def _vacuum_commit_array(
     loc = store.location
     if not array_exists(loc, writer, f, commit):
         return
-    arr = store.open_array(writer, f, commit)
+    try:
+        arr = store.open_array(writer, f, commit)
+    except CorruptionError:
+        if not array_exists(loc, writer, f, commit):
+            return  # a concurrent vacuum removed it meanwhile
+        raise
     if (writer, commit, f.key) in refs:
         inside, after = _unreferenced(*refs[(writer, commit, f.key)], arr.rows, 1)
         report.unreferenced_rows += inside + after
@@ -594,10 +605,29 @@ def _vacuum_commit_array(
     if _newest_mtime(loc, path) < cutoff:
         report.tensor_arrays.append(path)
         if not report.dry_run:
-            loc.fs.rm(path, recursive=True)
+            _remove(loc, path)
+
+
+def _remove(loc: Location, path: str) -> None:
+    """Delete a file or directory tree; one a concurrent vacuum removed first is no error."""
+    with contextlib.suppress(FileNotFoundError):
+        loc.fs.rm(path, recursive=True)
 
 
 def _newest_mtime(loc: Location, path: str) -> float:
-    """Latest modification time (epoch seconds) of a file or of any file under a directory."""
-    entries = loc.fs.find(path, detail=True, withdirs=False) if loc.fs.isdir(path) else {path: loc.fs.info(path)}
-    return max((file_mtime(info) for info in entries.values()), default=0.0)
+    """Latest modification time (epoch seconds) of a file or of anything under a directory.
+
+    Local directories count too (an array being created may have no file
+    yet); object stores have no directories. Nothing found (removed
+    meanwhile) counts as written now: never old enough to delete.
+    """
+    try:
+        if loc.fs.isdir(path):
+            entries = loc.fs.find(path, detail=True, withdirs=loc.is_local)
+            if loc.is_local:
+                entries[path] = loc.fs.info(path)
+        else:
+            entries = {path: loc.fs.info(path)}
+    except FileNotFoundError:
+        return time.time()
+    return max((file_mtime(info) for info in entries.values()), default=time.time())

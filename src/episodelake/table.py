@@ -270,8 +270,15 @@ class EpisodeTable:
             except EpisodeLakeError:
                 raise
             except Exception as exc:
+                err = table_error(exc, self.loc, "commit to the episode table")
+                if isinstance(err, CorruptionError) and self._moved() and n < COMMIT_RETRIES - 1:
+                    # a file of the version it read went meanwhile (compacted away, then vacuumed with
+                    # break_old_versions): the version that won is read again, as after a conflict
+                    time.sleep(delay)
+                    delay = min(delay * 2, 1.0)
+                    continue
                 self._uncertain = read  # a write may have landed although its response was lost
-                raise table_error(exc, self.loc, "commit to the episode table") from exc
+                raise err from exc
             time.sleep(delay)  # back off before retrying a lost optimistic-concurrency race
             delay = min(delay * 2, 1.0)
             self.dt.update_incremental()
@@ -289,6 +296,15 @@ class EpisodeTable:
                 self.dt.create_checkpoint()
                 self._commits_since_compact = 0
         return self.version
+
+    def _moved(self) -> bool:
+        """Whether a newer version than the pinned one exists (the handle moves to it)."""
+        before = self.version
+        try:
+            self.dt.update_incremental()
+        except Exception:
+            return False
+        return self.version > before
 
     def _landed(self, token: str | None, since: int) -> bool:
         """Whether a commit after version ``since`` carries ``token`` (moves the handle to the latest version)."""
@@ -464,6 +480,23 @@ def vacuum_table_files(loc: Location, parts: tuple[str, ...], retention_hours: f
     :data:`MIN_RETENTION_HOURS`.
     """
     uri = loc.child_url(*parts)
+    delay = 0.01
+    for n in range(COMMIT_RETRIES):
+        try:
+            return _vacuum_once(loc, parts, retention_hours, dry_run)
+        except CommitFailedError as exc:  # its VACUUM START/END entry lost a race: plan again on the new version
+            if n == COMMIT_RETRIES - 1:
+                raise CommitConflictError(
+                    f"vacuum of {uri} conflicted {COMMIT_RETRIES} times with concurrent commits: {exc}"
+                ) from exc
+        time.sleep(delay)  # back off before retrying a lost optimistic-concurrency race
+        delay = min(delay * 2, 1.0)
+    raise AssertionError("unreachable")
+
+
+def _vacuum_once(loc: Location, parts: tuple[str, ...], retention_hours: float, dry_run: bool) -> list[str]:
+    """One attempt of :func:`vacuum_table_files` (CommitFailedError when its log entry conflicts)."""
+    uri = loc.child_url(*parts)
     try:
         dt = DeltaTable(uri, storage_options=loc.delta_options())
     except TableNotFoundError:
@@ -483,8 +516,8 @@ def vacuum_table_files(loc: Location, parts: tuple[str, ...], retention_hours: f
             done = dt.vacuum(retention_hours=hours, dry_run=False, enforce_retention_duration=False,
                              commit_properties=props)
             expired |= {_name(p) for p in done}
-    except CommitFailedError as exc:
-        raise CommitConflictError(f"vacuum of {uri} conflicted with concurrent commits: {exc}") from exc
+    except CommitFailedError:
+        raise
     except Exception as exc:
         raise table_error(exc, loc, f"vacuum of {uri}") from exc
     cutoff = now - max(retention_hours, UNREFERENCED_FLOOR_HOURS) * 3600.0
@@ -569,8 +602,15 @@ def compact_table(loc: Location, dt: DeltaTable) -> None:
                     raise CommitConflictError(
                         f"compaction of {loc.url} conflicted {COMMIT_RETRIES} times with concurrent commits: {exc}"
                     ) from exc
-                time.sleep(delay)  # back off before retrying a lost optimistic-concurrency race
-                delay = min(delay * 2, 1.0)
+            except Exception as exc:
+                err = table_error(exc, loc, "compaction")
+                read = dt.version()
+                dt.update_incremental()
+                if not isinstance(err, CorruptionError) or dt.version() == read or n == COMMIT_RETRIES - 1:
+                    raise err from exc
+                # a file of the version it read went meanwhile (see EpisodeTable._commit): try the new one
+            time.sleep(delay)  # back off before retrying a lost optimistic-concurrency race
+            delay = min(delay * 2, 1.0)
         dt.create_checkpoint()
     except EpisodeLakeError:
         raise
