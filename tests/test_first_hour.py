@@ -309,14 +309,22 @@ def _check_one_float(v: float, dtype: str) -> None:
         stored += 2
     else:
         assert not fits
+    # bulk, dict-form episodes: the second one's meta
+    zero = {"observations": np.zeros((3, 2)), "actions": np.zeros(2), "rewards": np.zeros(2)}
+    dicts = [{**zero, "meta": {"m": m}} for m in (0.0, given)]
+    if not _refused(lambda: ds.append_episodes(dicts), "episode 1", "'m'", shown):
+        assert fits
+        stored += 2
+    else:
+        assert not fits
     ds.flush()
     assert len(ds) == stored  # a refused write stored nothing
     if fits:
         want = np.asarray(given).astype(dtype)
         np.testing.assert_array_equal(ds.episode(2).read().all_obs[1, 0], want)  # vector env 1
         np.testing.assert_array_equal(ds.episode(4).read().all_obs[0, 1], want)  # bulk episode 1, row 0
-        got = ds.episode(4).meta["m"]
-        np.testing.assert_array_equal(np.asarray(got, dtype), want)
+        for i in (4, 6):  # bulk columns, bulk dicts
+            np.testing.assert_array_equal(np.asarray(ds.episode(i).meta["m"], dtype), want)
 
 
 # ---------------------------------------------------------------- item 9
