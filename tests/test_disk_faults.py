@@ -230,6 +230,8 @@ def shared_dir() -> Iterator[Path]:
 
 def as_nobody(*args: str, home: Path) -> subprocess.Popen:
     """The script run as user nobody (root reads and writes past every permission)."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv (util-linux) to run the script as another user")
     return subprocess.Popen(
         ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, str(SCRIPT), *args],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -238,8 +240,6 @@ def as_nobody(*args: str, home: Path) -> subprocess.Popen:
 
 
 def test_writer_on_a_root_it_may_not_write_gets_eacces(shared_dir):
-    if os.geteuid() != 0:
-        pytest.skip("needs root to run the writer as another user")
     url = str(shared_dir / "ds")
     el.Dataset.create(crash_schema(), url).close()
     subprocess.run(["chmod", "-R", "a+rX,go-w", url], check=True)
@@ -255,8 +255,6 @@ def test_writer_on_a_root_it_may_not_write_gets_eacces(shared_dir):
 
 def test_prefetch_failure_raises_once_in_the_foreground(shared_dir):
     """Tensor files made unreadable under a prefetching stream: next() raises StorageError EACCES once."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root to run the reader as another user")
     url = str(shared_dir / "ds")
     ds = el.Dataset.create(crash_schema(), url)
     ds.append_episodes([episode(SEED, i).as_dict(unwrap_action=True) for i in range(64)])
