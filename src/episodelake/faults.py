@@ -122,6 +122,7 @@ _capture_depth = 0
 _capture_failed = False
 _capture_saved_fd = -1
 _capture_file: IO[bytes] | None = None
+_capture_pid = -1
 
 
 def without_panics(text: str) -> str:
@@ -171,7 +172,7 @@ def quiet_panics() -> Iterator[None]:
 
 
 def _capture_start() -> bool:
-    global _capture_depth, _capture_saved_fd, _capture_file, _capture_failed
+    global _capture_depth, _capture_saved_fd, _capture_file, _capture_failed, _capture_pid
     with _capture_lock:
         if _capture_depth == 0:
             try:
@@ -180,7 +181,10 @@ def _capture_start() -> bool:
                 return False
             if sys.stderr is not None:
                 sys.stderr.flush()
-            _capture_file = tempfile.TemporaryFile()  # noqa: SIM115  # closed by _capture_end
+            if _capture_file is None or _capture_pid != os.getpid():  # a forked child shares its parent's offset
+                # one file per process, emptied after each block (a commit pays no file creation)
+                _capture_file = tempfile.TemporaryFile(buffering=0)  # noqa: SIM115  # open while the process lives
+                _capture_pid = os.getpid()
             os.dup2(_capture_file.fileno(), 2)
             _capture_saved_fd, _capture_failed = saved, False
         _capture_depth += 1
@@ -188,7 +192,7 @@ def _capture_start() -> bool:
 
 
 def _capture_end() -> None:
-    global _capture_depth, _capture_file
+    global _capture_depth
     with _capture_lock:
         _capture_depth -= 1
         if _capture_depth or _capture_file is None:
@@ -197,10 +201,11 @@ def _capture_end() -> None:
             sys.stderr.flush()
         os.dup2(_capture_saved_fd, 2)
         os.close(_capture_saved_fd)
-        _capture_file.seek(0)
-        data = _capture_file.read()
-        _capture_file.close()
-        _capture_file = None
+        fd = _capture_file.fileno()
+        size = os.lseek(fd, 0, os.SEEK_END)
+        data = os.pread(fd, size, 0) if size else b""
+        os.ftruncate(fd, 0)
+        os.lseek(fd, 0, os.SEEK_SET)
         failed = _capture_failed
     if failed:
         data = without_panics(data.decode(errors="replace")).encode()
