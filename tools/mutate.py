@@ -347,7 +347,7 @@ def main() -> None:
     ap.add_argument("--rerun", type=Path, help="run only the survivors recorded in this results file")
     ap.add_argument("--out", type=Path, default=Path("mutation-results.jsonl"))
     ap.add_argument("--without-properties", action="store_true", help="the suite before tests/test_properties_*")
-    ap.add_argument("--baseline-runs", type=int, default=1, help="unmutated runs per test set (2+: flaky tests out; 0: none)")
+    ap.add_argument("--baseline-runs", type=int, default=1, help="unmutated runs per test set (0: none)")
     ap.add_argument("--rev", default="HEAD", help="the commit whose tree is mutated (default HEAD)")
     ap.add_argument("--pause", type=Path, default=Path("/tmp/mutate.pause"), help="waits while it exists")
     ap.add_argument("--list", action="store_true", help="print the mutants and exit")
