@@ -207,6 +207,59 @@ def test_a_descriptor_from_before_the_override_keeps_its_short_retention(tmp_pat
     assert live_numbers(el.Dataset.open(path)) == [2, 3, 4]
 
 
+
+def test_a_commit_whose_response_was_lost_is_not_committed_again(tmp_path):
+    """A writer's commit landed but it did not hear so: its retry from the version before finds it and stops.
+
+    The retried write of a lost response meets its own version (deltalake's
+    412); before, deltalake re-committed the rows as a new version, so the
+    episodes were there twice. Here another handle lands the very rows first,
+    exactly as the lost attempt did.
+    """
+    from episodelake.location import resolve
+    from episodelake.table import EpisodeTable
+
+    path = str(tmp_path / "ds")
+    ds = el.Dataset.create(schema(), path, commit_episodes=10**6)
+    write(ds, range(0, 3))
+    loc = resolve(path, {})
+    stale = EpisodeTable.open(loc)  # the writer's handle, at the version before its commit
+    write(ds, range(3, 6))  # the commit lands (the response the writer lost)
+    landed = ds.version
+    added = [a["path"] for a in ds._store.table.add_actions()]
+    rows = next(t for t in (pq.read_table(os.path.join(path, "episodes", rel)) for rel in added)
+                if sorted(t["n"].to_pylist()) == [3, 4, 5])
+    rows = rows.select(stale.dt.schema().to_arrow().names).cast(pa.schema(stale.dt.schema().to_arrow()))
+    assert stale.append(rows) == landed  # the retry: found in the log, not repeated
+    fresh = el.Dataset.open(path)
+    assert fresh.version == landed and live_numbers(fresh) == list(range(6))
+    assert [h["operation"] for h in fresh.history()].count("APPEND") == 2
+
+
+def test_a_failed_background_compaction_warns_once_and_the_next_compact_raises_it(tmp_path, monkeypatch):
+    from episodelake import table as table_mod
+
+    monkeypatch.setattr(table_mod, "COMPACT_EVERY", 3)
+    path = str(tmp_path / "ds")
+    ds = el.Dataset.create(schema(), path, commit_episodes=10**6)
+    write(ds, range(0, 1))
+    write(ds, range(1, 2))
+    damaged = next((tmp_path / "ds" / "episodes").glob("*.parquet"))
+    damaged.write_bytes(b"\0" * damaged.stat().st_size)  # a table file garbled in place
+    with pytest.warns(RuntimeWarning, match=r"background compaction of .* failed \(data unchanged\)") as caught:
+        write(ds, range(2, 3))  # the third commit starts the background compaction
+        table_mod.join_compactions()
+    assert len([w for w in caught if "background compaction" in str(w.message)]) == 1
+    assert all("Traceback" not in str(w.message) for w in caught)
+    with pytest.raises(el.CorruptionError, match="cannot be read") as first:
+        ds.compact()
+    assert "background compaction" in " ".join(getattr(first.value, "__notes__", []))
+    assert first.value.__cause__ is not None  # chained to deltalake's error
+    with pytest.raises(el.CorruptionError) as second:  # a compaction of its own, failing on the same file
+        ds.compact()
+    assert not getattr(second.value, "__notes__", [])
+
+
 # ---------------------------------------------------------------- the race in real processes (slow)
 #
 # ``python -m tests.test_vacuum_safety ROLE PLAIN CAPACITY OPTIONS_JSON TRUTH ITERATIONS``: ROLE ``deleter``

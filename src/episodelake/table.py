@@ -348,6 +348,7 @@ class EpisodeTable:
                 err = exc if isinstance(exc, EpisodeLakeError) else table_error(exc, loc, "background compaction")
                 if err is not exc:
                     err.__cause__ = exc
+                err.add_note(f"raised by the background compaction of {loc.url} (reported as a warning then)")
                 self._compaction_error = err
                 message = str(err).splitlines()[0] if str(err) else type(err).__name__
                 warnings.warn(f"background compaction of {loc.url} failed (data unchanged): {message}", RuntimeWarning,
