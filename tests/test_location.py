@@ -33,6 +33,38 @@ def test_memory_is_ram_backed_and_shared_by_name():
         assert loc.path.startswith("/dev/shm/")
 
 
+# the default StorageTimeouts as deltalake (object_store) options, spelled out independently
+DEFAULT_DELTA_TIMEOUTS = {
+    "connect_timeout": "5.0s",
+    "timeout": "30.0s",
+    "max_retries": "10",
+    "retry_timeout": "60.0s",
+    "backoff_config.init_backoff": "0.025s",
+    "backoff_config.max_backoff": "5.0s",
+    "backoff_config.base": "2",
+}
+
+
+def test_timeouts_reach_every_engine():
+    """One policy in storage_options["timeouts"] becomes TensorStore retries, deltalake options and botocore
+    config; it is not passed on as an fsspec option."""
+    policy = {"connect_timeout": 1, "read_timeout": 7, "max_retries": 3, "initial_delay": 0.01, "max_delay": 0.5,
+              "deadline": 9}
+    loc = resolve("s3://bucket/root", {**S3_OPTS, "timeouts": policy})
+    assert "timeouts" not in loc.storage_options
+    spec = loc.kvstore("tensors")
+    assert spec["context"] == {"s3_request_retries": {"max_retries": 3, "initial_delay": "0.01s", "max_delay": "0.5s"}}
+    delta = loc.delta_options()
+    assert {k: delta[k] for k in ("connect_timeout", "timeout", "max_retries", "retry_timeout")} == {
+        "connect_timeout": "1s", "timeout": "7s", "max_retries": "3", "retry_timeout": "9s"}
+    assert (delta["backoff_config.init_backoff"], delta["backoff_config.max_backoff"]) == ("0.01s", "0.5s")
+    config = loc.fs.config_kwargs
+    # botocore waits up to 1, 2, 4 s before its retries: 3 retries fit in 9 s, and max_retries allows 3
+    assert config == {"connect_timeout": 1, "read_timeout": 7, "retries": {"max_attempts": 4, "mode": "standard"}}
+    mine = resolve("s3://bucket/root", {**S3_OPTS, "config_kwargs": {"read_timeout": 99}}).fs.config_kwargs
+    assert mine["read_timeout"] == 99 and mine["connect_timeout"] == 5.0  # the caller's own settings win
+
+
 def test_s3_delta_options_from_fsspec_options():
     loc = resolve("s3://bucket/some/root/", {**S3_OPTS, "token": "tok", "client_kwargs": {"region_name": "eu-west-3"}})
     assert (loc.url, loc.path) == ("s3://bucket/some/root", "bucket/some/root")
@@ -45,6 +77,7 @@ def test_s3_delta_options_from_fsspec_options():
         "AWS_ALLOW_HTTP": "true",
         "AWS_REGION": "eu-west-3",
         "aws_conditional_put": "etag",
+        **DEFAULT_DELTA_TIMEOUTS,
     }
     anon = resolve("s3://bucket/x", {"anon": True, "client_kwargs": {"endpoint_url": "https://s3.example"}})
     opts = anon.delta_options()
@@ -86,9 +119,11 @@ def test_s3_kvstore_anonymous_profile_and_default_chain():
 
 def test_gs_is_mapped():
     loc = resolve("gs://bucket/root", {"token": "/keys/sa.json"})
-    assert loc.kvstore("tensors", "w") == {"driver": "gcs", "bucket": "bucket", "path": "root/tensors/w/"}
+    retries = {"gcs_request_retries": {"max_retries": 10, "initial_delay": "0.025s", "max_delay": "5.0s"}}
+    want = {"driver": "gcs", "bucket": "bucket", "path": "root/tensors/w/", "context": retries}
+    assert loc.kvstore("tensors", "w") == want
     assert loc.delta_uri() == "gs://bucket/root/episodes"
-    assert loc.delta_options() == {"google_service_account": "/keys/sa.json"}
+    assert loc.delta_options() == {"google_service_account": "/keys/sa.json", **DEFAULT_DELTA_TIMEOUTS}
     assert resolve("gcs://bucket/root").url == "gs://bucket/root"
 
 

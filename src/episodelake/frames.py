@@ -23,7 +23,6 @@ each (object stores, capacity datasets), written once.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -34,18 +33,7 @@ from .engine import start_engine
 from .errors import CorruptionError, ValidationError
 from .location import Location
 from .schema import FieldSpec
-from .tensors import _NO_CHUNK, COMMIT_SHIFT, ROW_MASK, PlainArray, array_parts, zarr_metadata
-
-
-class _Writes:
-    """Key-value writes in flight, with a future's ``result()`` (waits for all of them)."""
-
-    def __init__(self, futures: Sequence[Any]) -> None:
-        self.futures = list(futures)
-
-    def result(self) -> None:
-        for f in self.futures:
-            f.result()
+from .tensors import _NO_CHUNK, COMMIT_SHIFT, ROW_MASK, PlainArray, Writes, array_parts, await_op, zarr_metadata
 
 
 class FrameArray(PlainArray):
@@ -84,7 +72,8 @@ class FrameArray(PlainArray):
         if self._kv is None:
             start_engine(self.where)
             parts = array_parts(self._writer, self.field, self.commit)
-            self._kv = ts.KvStore.open(self.loc.kvstore(*parts), context=self._context).result()
+            opened = ts.KvStore.open(self.loc.kvstore(*parts), context=self._context)
+            self._kv = await_op(opened, self.loc, self.where, "opening")
         return self._kv
 
     def _next_row(self) -> int:
@@ -157,7 +146,7 @@ class FrameArray(PlainArray):
         self._encoded = (out, row, blobs)
         return out
 
-    def write(self, start: int, values: np.ndarray) -> _Writes:
+    def write(self, start: int, values: np.ndarray) -> Writes:
         """Write frames ``values`` at references ``[start, start + len(values))`` of reserved space."""
         row, n, P, R = start & ROW_MASK, len(values), self.per_shard, self.chunk_rows
         cached = self._encoded
@@ -184,9 +173,9 @@ class FrameArray(PlainArray):
                 offset += len(blob)
             futures.append(kv.write(self._key(s), _shard_bytes(b"".join(parts), index)))
             self._indexes.pop(s, None)
-        return _Writes(futures)
+        return Writes(futures, self.loc, self.where, values.nbytes)
 
-    def append_block(self, block: np.ndarray) -> tuple[int, _Writes]:
+    def append_block(self, block: np.ndarray) -> tuple[int, Writes]:
         """Reserve ``len(block)`` frames and write ``block`` there; await the result before committing."""
         start = self.reserve(len(block))
         return start, self.write(start, block)
@@ -203,7 +192,7 @@ class FrameArray(PlainArray):
             data, index = self._kept(s, rows)
             futures.append(kv.write(self._key(s), _shard_bytes(data, index)))
             self._indexes.pop(s, None)
-        _Writes(futures).result()
+        Writes(futures, self.loc, self.where, 0).result()
         _write_metadata(self.loc, array_parts(self._writer, self.field, 0), self.field, self._context, rows, False)
         self.rows = rows
 
@@ -239,11 +228,12 @@ def _write_metadata(
     loc: Location, parts: tuple[str, ...], field: FieldSpec, context: ts.Context, rows: int, fit: bool
 ) -> None:
     """Write the array's metadata (creating it) for ``rows`` frames."""
-    start_engine(loc.child_url(*parts))
-    kv = ts.KvStore.open(loc.kvstore(*parts), context=context).result()
+    where = loc.child_url(*parts)
+    start_engine(where)
+    kv = await_op(ts.KvStore.open(loc.kvstore(*parts), context=context), loc, where, "creating")
     meta = {
         "zarr_format": 3,
         "node_type": "array",
         **zarr_metadata(field, sharded=True, rows=rows, fit=fit and rows > 0),
     }
-    kv.write(layout.ARRAY_METADATA, json.dumps(meta).encode()).result()
+    await_op(kv.write(layout.ARRAY_METADATA, json.dumps(meta).encode()), loc, where, "creating")
