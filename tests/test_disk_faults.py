@@ -161,6 +161,23 @@ def test_bulk_write_at_disk_full_raises_and_leaves_nothing_pending(small_disk):
     assert_committed(url, written)
 
 
+def test_create_on_a_full_disk_raises_enospc(small_disk):
+    stat = os.statvfs(small_disk)
+    (small_disk / "filler").write_bytes(b"\0" * (stat.f_bavail * stat.f_frsize))
+    url = str(small_disk / "ds")
+    with pytest.raises(el.StorageError) as info:
+        el.Dataset.create(crash_schema(), url)
+    assert info.value.errno == errno.ENOSPC and info.value.dataset == url, info.value
+    check_plain(str(info.value))
+    (small_disk / "filler").unlink()
+    with pytest.raises(el.DatasetNotFoundError):  # no descriptor: nothing half-created passes for a dataset
+        el.Dataset.open(url, read_only=True)
+    ds = el.Dataset.create(crash_schema(), url)  # with space again, creating there works
+    write_stepwise(ds, episode(SEED, 0))
+    ds.close()
+    assert_committed(url, 1)
+
+
 def tree_digest(root: Path) -> dict[str, str]:
     """Every file under ``root`` and the SHA-256 of its bytes."""
     return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
