@@ -22,7 +22,8 @@ the outcome recorded: ``killed`` (a test failed), ``survived`` (all passed),
 ``error``. Results go to ``--out`` as JSON lines (a rerun with the same
 ``--out`` skips mutants already recorded); survivors are printed at the end.
 ``--rerun`` runs only the survivors of an earlier results file (after tests
-were added). While the file ``--pause`` exists, the run waits between mutants
+were added), each planted again on the line that still reads as it did.
+While the file ``--pause`` exists, the run waits between mutants
 (so the machine can run something else; it never times a mutant that way).
 Before mutating, every module's tests run unmutated (``--baseline-runs``
 times): a test failing in any of them (broken at that commit, or flaky) is
@@ -316,6 +317,31 @@ def baseline_failures(copy: Path, tests: list[str], runs: int) -> tuple[list[str
     return sorted(failed), took
 
 
+def replanted(src: Path, records: list[dict], named: list[tuple[Mutant, str]]) -> list[tuple[Mutant, str]]:
+    """The survivors of ``records`` planted again in today's ``src``: each drawn one on the line that still
+    reads as it did (the nearest such line to where it was), so commits elsewhere in a module move nothing."""
+    by_name = {m.name: (m, s) for m, s in named if m.name}
+    plan = []
+    for r in records:
+        if r["outcome"] != "survived":
+            continue
+        if r["name"]:
+            if r["name"] in by_name:
+                plan.append(by_name[r["name"]])
+            continue
+        lines = (src / f"{r['module']}.py").read_text().splitlines(keepends=True)
+        found = [i for i, line in enumerate(lines) if line.strip() == r["before"]]
+        if not found:
+            print(f"GONE {r['module']}:{r['line']} {r['before']!r}: the line changed since")
+            continue
+        i = min(found, key=lambda i: abs(i + 1 - r["line"]))
+        indent = lines[i][: len(lines[i]) - len(lines[i].lstrip())]
+        mutated = "".join(lines[:i]) + indent + r["after"] + "\n" + "".join(lines[i + 1 :])
+        fields = {k: r[k] for k in ("module", "kind", "before", "after", "name")}
+        plan.append((Mutant(line=i + 1, **fields), mutated))
+    return plan
+
+
 def wait_while(pause: Path) -> None:
     """Block while ``pause`` exists; ``pause`` + ``.paused`` says that the run is waiting."""
     if not pause.exists():
@@ -357,13 +383,12 @@ def main() -> None:
     copy_tree(args.copy, args.rev)
     src = args.copy / PKG
     plan: list[tuple[Mutant, str]] = named_mutants(modules, src)
-    if not args.named_only:
+    if not args.named_only and not args.rerun:
         for module in args.modules:
             if module != "dataset":
                 plan += draw(module, (src / f"{module}.py").read_text(), args.per_module, args.seed)
     if args.rerun:
-        keep = {r["key"] for r in map(json.loads, args.rerun.read_text().splitlines()) if r["outcome"] == "survived"}
-        plan = [(m, s) for m, s in plan if m.key in keep]
+        plan = replanted(src, [json.loads(line) for line in args.rerun.read_text().splitlines()], plan)
     if args.list:
         for m, _ in plan:
             print(f"{m.module}:{m.line} [{m.kind}] {m.name or m.after}")
