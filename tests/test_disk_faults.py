@@ -216,6 +216,7 @@ def test_read_only_mount_reads_and_refuses_writes_with_erofs(read_only_mount, ca
     raw = episode(SEED, 3)
     attempts = {
         "new_episode": lambda: ds.new_episode({k: v[0] for k, v in raw.obs.items()}),
+        "vector_writer": lambda: ds.vector_writer({k: v[:2] for k, v in raw.obs.items()}, num_envs=2),
         "append_episodes": lambda: ds.append_episodes([raw.as_dict(unwrap_action=True)]),
         "create": lambda: el.Dataset.create(crash_schema(), str(mnt / "new")),
         "delete": lambda: ds.delete([ds.episode(0).episode_id]),
