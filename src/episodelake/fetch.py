@@ -154,7 +154,8 @@ class Fetcher:
         futures = [kv.read(path[len(self._root) :], byte_range=slice(start, end)) for path, start, end in requests]
         out: list[bytes] = []
         failed: tuple[BaseException, str] | None = None
-        until = time.monotonic() + self.loc.timeouts.deadline  # one deadline for the whole round
+        nbytes = sum(end - start for _, start, end in requests if end is not None and start >= 0)
+        until = time.monotonic() + self.loc.timeouts.transfer_deadline(nbytes)  # one deadline for the round
         for (path, _, _), future in zip(requests, futures, strict=True):
             if failed is not None:  # none is left in flight after a failure
                 future.cancel()

@@ -62,8 +62,8 @@ class StorageTimeouts:
       draw the whole delay at random), so transient errors cost tens of
       milliseconds, not seconds.
     * ``deadline``: the longest one call waits for a request and its retries
-      (deltalake's ``retry_timeout``; TensorStore reads and opens are
-      abandoned after it, writes after it plus one second per MiB written);
+      (deltalake's ``retry_timeout``; TensorStore operations are abandoned
+      after it plus one second per MiB they transfer);
       then the call raises :class:`~episodelake.errors.StorageError`.
 
     With the defaults a dead endpoint fails a call after about 16 s of
@@ -103,8 +103,8 @@ class StorageTimeouts:
             return cls(**value)
         raise ArgumentError(f"timeouts must be a StorageTimeouts or a dict of its fields, got {value!r}")
 
-    def write_deadline(self, nbytes: int) -> float:
-        """Seconds a write of ``nbytes`` may take: :attr:`deadline` plus one second per MiB."""
+    def transfer_deadline(self, nbytes: int) -> float:
+        """Seconds a TensorStore transfer of ``nbytes`` may take: :attr:`deadline` plus one second per MiB."""
         return self.deadline + nbytes / (1 << 20)
 
     def tensorstore_retries(self) -> dict[str, Any]:

@@ -82,7 +82,7 @@ def fault(exc: BaseException, loc: Location, where: str, doing: str) -> BaseExce
 def await_op(future: Any, loc: Location, where: str, doing: str, nbytes: int = 0) -> Any:
     """``future``'s result within the location's deadline (local stores: no deadline); storage faults raise
     :class:`StorageError` (see :func:`fault`)."""
-    seconds = None if loc.is_local else loc.timeouts.write_deadline(nbytes)
+    seconds = None if loc.is_local else loc.timeouts.transfer_deadline(nbytes)
     try:
         return future.result() if seconds is None else wait(future, seconds)
     except (ValueError, TimeoutError) as exc:
@@ -101,7 +101,7 @@ class Writes:
         self.loc, self.where, self.nbytes = loc, where, nbytes
 
     def result(self) -> None:
-        until = None if self.loc.is_local else time.monotonic() + self.loc.timeouts.write_deadline(self.nbytes)
+        until = None if self.loc.is_local else time.monotonic() + self.loc.timeouts.transfer_deadline(self.nbytes)
         failed: BaseException | None = None
         for f in self.futures:
             if failed is not None:
