@@ -29,6 +29,7 @@ import pytest
 import episodelake as el
 from episodelake import faults
 
+from .scripts.disk_faults import schema as script_schema
 from .workers.common import assert_all_match, crash_schema, episode, write_stepwise
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -232,6 +233,36 @@ def test_read_only_mount_reads_and_refuses_writes_with_erofs(read_only_mount, ca
     assert tree_digest(src) == before  # nothing was written
     assert not (src / "new").exists()
     assert "panicked" not in capfd.readouterr().err  # deltalake's panic report on the failed table write is dropped
+
+
+@pytest.mark.parametrize("tensors", [True, False], ids=["tensors", "table"])
+def test_mount_turning_read_only_under_a_writer(tmp_path, tensors):
+    """The file system goes read-only (as ext4 does on errors) with episodes pending: flush() raises EROFS
+    in plain words; once writable again the next flush() commits them."""
+    src, mnt = tmp_path / "src", tmp_path / "mnt"
+    src.mkdir()
+    mnt.mkdir()
+    done = _mount("--bind", str(src), str(mnt))
+    if done.returncode:
+        pytest.skip(f"bind mounts are not permitted here (needs root): {done.stderr.strip()}")
+    try:
+        url = str(mnt / "ds")
+        ds = el.Dataset.create(script_schema(tensors), url)
+        for i in range(3):
+            write_stepwise(ds, episode(SEED, i))
+        ds.flush()
+        write_stepwise(ds, episode(SEED, 3))  # pending
+        assert _mount("-o", "remount,ro,bind", str(mnt)).returncode == 0
+        with pytest.raises(el.StorageError) as info:
+            ds.flush()
+        assert info.value.errno == errno.EROFS and info.value.dataset == url, info.value
+        check_plain(str(info.value))
+        assert_committed(url, 3)
+        assert _mount("-o", "remount,rw,bind", str(mnt)).returncode == 0
+        assert ds.flush() is not None
+        assert_committed(url, 4)
+    finally:
+        _umount(mnt)
 
 
 @pytest.fixture
