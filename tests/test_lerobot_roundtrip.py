@@ -107,7 +107,7 @@ def test_round_trip_keeps_shapes_codecs_and_meta(tmp_path, vcodec):
     assert info["features"]["action"]["shape"] == [1] and info["features"]["observation.camera"]["dtype"] == "video"
     assert info["episodelake"]["fields"]["observation.camera"]["codec"] == "jpeg"
     rows = pq.read_table(out / "meta/episodes/chunk-000/file-000.parquet").to_pylist()
-    assert [r["meta/seed"] for r in rows] == [e["meta"]["seed"] for e in episodes]
+    assert [r["episodelake/seed"] for r in rows] == [e["meta"]["seed"] for e in episodes]
 
     back = import_dataset("lerobot", out, str(tmp_path / "back"))
     assert_same_dataset(back, ds)
@@ -187,6 +187,6 @@ def test_a_damaged_record_is_named(tmp_path):
         import_dataset("lerobot", out, None)
     info_path.write_text(good)
     episodes = out / "meta/episodes/chunk-000/file-000.parquet"
-    pq.write_table(pq.read_table(episodes).drop_columns(["meta/seed"]), episodes)
+    pq.write_table(pq.read_table(episodes).drop_columns(["episodelake/seed"]), episodes)
     with pytest.raises(ValidationError, match=r"no column for the recorded meta field\(s\) \['seed'\]"):
         import_dataset("lerobot", out, None)

@@ -27,7 +27,9 @@ LeRobot's default) or ``"h264"``, ``yuv420p``, ``crf`` and keyframe interval
 ``gop`` as LeRobot's defaults (30, 2). Other fields must be scalars or 1-D.
 ``timestamp`` is ``frame_index / fps``. Tasks: the per-step ``task_index``
 and task list recorded by the importer, else the meta field ``task``, else
-the ``task`` argument.
+the ``task`` argument. ``stats.json`` holds min, max, mean, std and count
+per feature (images per channel in ``[0, 1]``, as LeRobot computes them);
+quantiles and per-episode statistics are not written.
 
 What LeRobot's format cannot say is recorded for the importer, so a round
 trip gives back the schema it started from: ``info.json`` gets an
@@ -35,10 +37,8 @@ trip gives back the schema it started from: ``info.json`` gets an
 "meta": {name: FieldSpec JSON}}`` (every exported step field's shape,
 dtype, layout and codec or compression: a ``(1,)`` action stays ``(1,)``, a
 jpeg camera stays jpeg), and every meta field is a column
-``meta/<name>`` of ``meta/episodes`` (LeRobot keeps extra columns there and
-ignores them). ``stats.json`` holds min, max, mean, std and count
-per feature (images per channel in ``[0, 1]``, as LeRobot computes them);
-quantiles and per-episode statistics are not written.
+``episodelake/<name>`` of ``meta/episodes`` (LeRobot keeps extra columns
+there and ignores them).
 """
 
 from __future__ import annotations
@@ -63,6 +63,8 @@ from .importers.lerobot import (
     DONE,
     EPISODES_PATH,
     INFO_PATH,
+    META_COLUMN,
+    RECORD,
     REWARD,
     STATS_PATH,
     TASKS_PATH,
@@ -77,8 +79,6 @@ if TYPE_CHECKING:
 
 VCODECS = ("libsvtav1", "h264")
 CHUNKS_SIZE = 1000  # files per chunk folder, as LeRobot
-RECORD = "episodelake"  # info.json entry: the fields and meta fields the LeRobot features stand for
-META_COLUMN = "meta/{name}"  # a meta field's column in meta/episodes (meta names hold no "/")
 
 
 def is_camera(f: FieldSpec) -> bool:

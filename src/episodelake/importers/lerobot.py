@@ -22,7 +22,7 @@ image, so episodes round-trip exactly.
 A folder written by :func:`episodelake.lerobot_export.to_lerobot` carries
 the schema it came from (``info.json``'s ``"episodelake"`` entry: the
 FieldSpec behind each feature, and the meta fields with their
-``meta/<name>`` columns in ``meta/episodes``). It then imports as exactly
+``episodelake/<name>`` columns in ``meta/episodes``). It then imports as exactly
 that schema: every field's name, shape (a ``(1,)`` field stays ``(1,)``),
 dtype, layout and codec or compression (a jpeg camera is stored as jpeg
 again), and every meta field with its value; nothing is added (no
@@ -72,7 +72,7 @@ from ..schema import DatasetSchema, FieldSpec
 from . import SOURCE_EPISODE, action_out_episode, write_import
 
 RECORD = "episodelake"  # info.json entry written by to_lerobot: {"fields": {key: spec}, "meta": {name: spec}}
-META_COLUMN = "meta/{name}"  # a recorded meta field's column in meta/episodes
+META_COLUMN = RECORD + "/{name}"  # a meta field's column in meta/episodes (apart from LeRobot's meta/...)
 STORAGE_CHOICES = ("codec", "compression")  # camera_options that replace the recorded storage of a camera
 
 INFO_PATH = "meta/info.json"
