@@ -63,6 +63,11 @@ def _reads(root: Path, ds: el.Dataset) -> dict[str, str]:
 READ_KINDS = ["read_text", "read_csv", "read_parquet", "path as table", "glob", "read_json", "python variable"]
 
 
+def _first(ds: el.Dataset, **sampling) -> object:
+    """The first batch of a small stream drawn with ``sampling`` (weights=, priority=)."""
+    return next(iter(ds.segment_stream(sequence_length=2, batch_size=4, **sampling)))
+
+
 def _refused(call) -> el.QueryError:
     with pytest.raises(el.QueryError) as info:
         call()
@@ -89,11 +94,9 @@ def test_select_episodes_weights_priority_and_sandboxed_sql_read_nothing_else(re
     sub = f"(SELECT count(*) FROM {source})"
     calls = {
         "select_episodes": lambda: ds.select_episodes(f"SELECT episode_id FROM episodes WHERE {sub} > 0"),
-        "weights expression": lambda: next(iter(ds.segment_stream(sequence_length=2, batch_size=4, weights=f"1 + {sub}"))),
-        "weights query": lambda: next(
-            iter(ds.segment_stream(sequence_length=2, batch_size=4, weights=f"SELECT episode_id, {sub} AS weight FROM episodes"))
-        ),
-        "priority": lambda: next(iter(ds.segment_stream(sequence_length=2, batch_size=4, priority=f"1 + {sub}"))),
+        "weights expression": lambda: _first(ds, weights=f"1 + {sub}"),
+        "weights query": lambda: _first(ds, weights=f"SELECT episode_id, {sub} AS weight FROM episodes"),
+        "priority": lambda: _first(ds, priority=f"1 + {sub}"),
         "transition priority": lambda: ds.sample_transitions(4, priority=f"1 + {sub}"),
         "sql sandbox": lambda: ds.sql(f"SELECT * FROM {source}", sandbox=True).fetchall(),
         "sql_arrow sandbox": lambda: ds.sql_arrow(f"SELECT {sub} AS n", sandbox=True),
@@ -182,8 +185,8 @@ def test_sandboxed_weights_and_priority_still_weigh(recorded, ds):
     _, raws = recorded
     picks = {int(ds.episode_ids[i]) for i, r in enumerate(raws) if r.meta["task"] == "pick"}
     assert 0 < len(picks) < len(raws)
-    weighted = ds.segment_stream(sequence_length=2, batch_size=64, seed=3, weights="CASE WHEN task = 'pick' THEN 1 ELSE 0 END")
-    assert set(next(iter(weighted)).episode_id.tolist()) <= picks
+    weighted = _first(ds, seed=3, weights="CASE WHEN task = 'pick' THEN 1 ELSE 0 END")
+    assert set(weighted.episode_id.tolist()) <= picks
     query = "SELECT episode_id, CAST(task = 'pick' AS DOUBLE) AS weight FROM episodes"
-    prioritized = ds.segment_stream(sequence_length=2, batch_size=64, seed=3, priority=query)
-    assert set(next(iter(prioritized)).episode_id.tolist()) <= picks
+    prioritized = _first(ds, seed=3, priority=query)
+    assert set(prioritized.episode_id.tolist()) <= picks

@@ -526,7 +526,7 @@ class SQLResult:
         def batches() -> Iterator[pa.RecordBatch]:
             try:
                 yield from reader
-            except (duckdb.Error, pa.ArrowException) as exc:  # DuckDB's error may reach us through Arrow's stream
+            except (duckdb.Error, pa.ArrowException, OSError) as exc:  # DuckDB's error, through Arrow's stream
                 raise _state(snap).failure(duckdb.Error(str(exc)), self._what) from exc
 
         return pa.RecordBatchReader.from_batches(reader.schema, batches())

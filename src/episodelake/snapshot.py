@@ -255,7 +255,13 @@ class Snapshot:
 
         Damage names the file: each file is read again until one fails.
         """
-        fault = storage_fault(exc, dataset=self.loc.url, doing=f"reading the episode table (version {self.version})")
+        doing = f"reading the episode table (version {self.version})"
+        fault = storage_fault(exc, dataset=self.loc.url, doing=doing)
+        if fault is None:  # object stores may word an unreachable endpoint as a missing file: ask the storage
+            try:
+                EpisodeTable.open(self.loc, self.version).stored_files()
+            except Exception as probe:  # a diagnosis: whatever else it hits, the read's own error stands
+                fault = storage_fault(probe, dataset=self.loc.url, doing=doing)
         if fault is not None:
             return fault
         where = f"{self.loc.url} version {self.version}: episode table unreadable"

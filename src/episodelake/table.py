@@ -122,6 +122,9 @@ class EpisodeTable:
             raise DatasetNotFoundError(f"no episode table at {loc.delta_uri()}") from exc
         except Exception as exc:  # deltalake raises plain errors for unknown versions
             if version is not None:
+                fault = storage_fault(exc, dataset=loc.url, object=loc.delta_uri(), doing=f"opening version {version}")
+                if fault is not None:  # an unreachable store says nothing about whether the version exists
+                    raise fault from exc
                 raise ArgumentError(f"version {version} does not exist at {loc.url}: {exc}") from exc
             raise
         return cls(loc, dt)

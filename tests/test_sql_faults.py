@@ -1,0 +1,203 @@
+"""Every DuckDB error from the SQL entry points is an episodelake error that names its cause.
+
+docs/query.md ("Errors"): the user's SQL being wrong is ``QueryError``; a table
+file damaged in place (garbled, size unchanged: the listing check cannot see it)
+is ``CorruptionError`` naming the file, also when DuckDB fetches lazily in the
+caller's code; unreachable storage is ``StorageError``; and a reader whose version
+another process rewrote (compaction, then vacuum of the old files) between its
+refresh and its query answers from the latest version (a Dataset) or raises a
+``CorruptionError`` saying so (a view, a pinned version), never a raw DuckDB error.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import episodelake as el
+
+from .conftest import build_robot_dataset, robot_schema
+from .fault_proxy import FaultProxy
+from .test_s3 import make_episodes
+
+ROOT = Path(__file__).resolve().parents[1]
+
+ENTRY_POINTS = {
+    "sql fetchall": lambda ds: ds.sql("SELECT * FROM episodes").fetchall(),
+    "sql fetchone": lambda ds: ds.sql("SELECT * FROM episodes").fetchone(),
+    "sql fetchmany": lambda ds: ds.sql('SELECT "observation/state" FROM episodes').fetchmany(3),
+    "sql df": lambda ds: ds.sql("SELECT * FROM episodes").df(),
+    "sql fetchnumpy": lambda ds: ds.sql("SELECT length FROM episodes").fetchnumpy(),
+    "sql arrow": lambda ds: ds.sql("SELECT * FROM episodes").arrow().read_all(),
+    "sql to_arrow_table": lambda ds: ds.sql("SELECT sum(reward) AS r FROM steps").to_arrow_table(),
+    "sql command": lambda ds: ds.sql("CREATE TEMP TABLE t AS SELECT * FROM episodes"),
+    "sandboxed sql": lambda ds: ds.sql("SELECT * FROM episodes", sandbox=True).fetchall(),
+    "sql_arrow": lambda ds: ds.sql_arrow("SELECT * FROM episodes"),
+    "sql_numpy": lambda ds: ds.sql_numpy('SELECT "stats/reward/sum" FROM episodes'),
+    "where": lambda ds: ds.where("success"),
+    "where over steps": lambda ds: ds.where("list_max(reward) > 0"),
+    "select_episodes": lambda ds: ds.select_episodes("SELECT episode_id FROM steps WHERE reward > 0"),
+    "stats": lambda ds: ds.stats(),
+    "weights": lambda ds: next(iter(ds.segment_stream(sequence_length=2, batch_size=4, weights="length"))),
+    "priority": lambda ds: next(iter(ds.segment_stream(sequence_length=2, batch_size=4, priority="1 + length"))),
+}
+
+
+SAMPLING = ("weights", "priority")
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory) -> tuple[Path, list]:
+    path = tmp_path_factory.mktemp("sql-faults") / "ds"
+    raws = build_robot_dataset(str(path), seed=7, episodes=16, per_commit=4, max_length=12)
+    return path, raws
+
+
+def _garble(root: Path, pages: bool = False) -> Path:
+    """Junk written in place over one table file's footer (or, ``pages``, its data pages): the size is unchanged."""
+    files = sorted((root / "episodes").glob("task=*/*.parquet"), key=lambda p: p.stat().st_mtime_ns)
+    victim = files[len(files) // 2]
+    size = victim.stat().st_size
+    start, stop = (4, size // 2) if pages else (size - 200, size - 50)
+    with open(victim, "r+b") as fh:
+        fh.seek(start)
+        fh.write(np.random.default_rng(0).integers(0, 256, stop - start, dtype=np.uint8).tobytes())
+    assert victim.stat().st_size == size
+    return victim
+
+
+@pytest.mark.parametrize("entry", list(ENTRY_POINTS))
+def test_a_table_file_garbled_in_place_is_corruption_naming_it(pristine, tmp_path, entry):
+    root = tmp_path / "ds"
+    shutil.copytree(pristine[0], root)
+    victim = _garble(root)
+    ds = el.Dataset.open(str(root), read_only=True)
+    with pytest.raises(el.CorruptionError) as info:
+        ENTRY_POINTS[entry](ds)
+    assert victim.name in str(info.value)
+
+
+def test_a_lazy_result_garbled_after_planning_is_corruption_at_fetch(pristine, tmp_path):
+    """sql() plans (the listing check passes, Arrow reads the footers), pages are garbled, the caller fetches later."""
+    root = tmp_path / "ds"
+    shutil.copytree(pristine[0], root)
+    ds = el.Dataset.open(str(root), read_only=True)
+    fetches = {"SELECT * FROM episodes": "fetchall", "SELECT * FROM steps": "fetchone", "FROM episodes": "arrow"}
+    results = {query: ds.sql(query) for query in fetches}
+    victim = _garble(root, pages=True)
+    for query, how in fetches.items():
+        with pytest.raises(el.CorruptionError) as info:
+            got = getattr(results[query], how)()
+            if how == "arrow":
+                got.read_all()
+        assert victim.name in str(info.value)
+    # the user's own mistakes stay QueryErrors on the damaged dataset
+    for bad in ("SELECT nope FROM episodes", "SELEC 1", "SELECT 1; SELECT 2"):
+        with pytest.raises(el.QueryError):
+            ds.sql(bad)
+
+
+def test_the_undamaged_copy_answers_every_entry_point(pristine, tmp_path):
+    root = tmp_path / "ds"
+    shutil.copytree(pristine[0], root)
+    ds = el.Dataset.open(str(root), read_only=True)
+    for name, call in ENTRY_POINTS.items():
+        if name != "sql command":
+            assert call(ds) is not None, name
+    assert ds.sql("CREATE TEMP TABLE t AS SELECT * FROM episodes") is None
+
+
+def test_sql_on_a_dead_endpoint_is_storage_error(s3_server, s3_url):
+    """The endpoint goes down after the first query: the scan of the table files is a StorageError."""
+    timeouts = {"connect_timeout": 2, "read_timeout": 5, "max_retries": 2, "initial_delay": 0.01, "max_delay": 0.1,
+                "deadline": 15}
+    ds = el.Dataset.create(robot_schema(), s3_url, storage_options=s3_server.storage_options)
+    ds.append_episodes(e.as_dict(unwrap_action=True) for e in make_episodes(3, 5))
+    ds.flush()
+    with FaultProxy(s3_server.endpoint) as proxy:
+        reader = el.Dataset.open(s3_url, storage_options={**proxy.storage_options(s3_server.storage_options),
+                                                          "timeouts": timeouts})
+        assert reader.sql("SELECT count(*) FROM episodes").fetchall() == [(5,)]
+        pending = reader.sql("SELECT * FROM steps")
+        proxy.set_down(True)
+        calls = {
+            "fetch": pending.fetchall,
+            "sql_numpy": lambda: reader.sql_numpy('SELECT "observation/state" FROM episodes'),
+            "where over steps": lambda: reader.where("list_max(reward) > 0"),
+        }
+        for name, call in calls.items():
+            with pytest.raises(el.StorageError) as info:
+                call()
+            assert info.value.dataset == s3_url, name
+            assert info.value.__cause__ is not None, name
+
+
+REWRITE = textwrap.dedent(
+    """
+    import sys
+    import episodelake as el
+    ds = el.Dataset.open(sys.argv[1])
+    ds.compact()
+    report = ds.vacuum(retention_hours=0, break_old_versions=True)
+    print(ds.version, len(report.table_files), flush=True)
+    """
+)
+
+
+def _rewrite_in_another_process(root: Path) -> int:
+    """Compaction and a vacuum of every old file by another process; the version it leaves."""
+    proc = subprocess.run(
+        [sys.executable, "-c", REWRITE, str(root)], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    version, removed = map(int, proc.stdout.split())
+    assert removed > 0, "the rewrite must remove the reader's files for the test to mean anything"
+    return version
+
+
+def test_a_reader_whose_version_was_rewritten_answers_from_the_latest(pristine, tmp_path):
+    root = tmp_path / "ds"
+    shutil.copytree(pristine[0], root)
+    raws = pristine[1]
+    lengths = [r.length for r in raws]
+    # readers of the same version, taken before another process rewrites the table:
+    planned = el.Dataset.open(str(root))  # queried: its listing check has passed, its index is read
+    assert len(planned.where("success")) == sum(r.meta["success"] for r in raws)
+    pending = planned.sql("SELECT episode_id, length FROM episodes ORDER BY created_at, episode_id")
+    # refreshed, not queried (sampling's own reads are the stream's, not SQL's: weights/priority are left out)
+    refreshed = {name: el.Dataset.open(str(root)).refresh() for name in ENTRY_POINTS if name not in SAMPLING}
+    for ds in refreshed.values():
+        ds.snapshot()
+    view = planned.where("task = 'pick'")
+    pinned = el.Dataset.open(str(root), version=planned.version)
+    pinned.snapshot()
+    old = planned.version
+
+    latest = _rewrite_in_another_process(root)
+    assert latest > old
+
+    assert [n for _, n in pending.fetchall()] == lengths  # re-planned on the latest version at fetch
+    assert planned.version == latest
+    rows = planned.sql("SELECT length FROM episodes ORDER BY created_at, episode_id").fetchall()
+    assert [n for (n,) in rows] == lengths
+    answers = {name: ENTRY_POINTS[name](ds) for name, ds in refreshed.items()}  # each re-plans, none fails
+    assert all(ds.version == latest for ds in refreshed.values())
+    assert answers["where"].positions.tolist() == [i for i, r in enumerate(raws) if r.meta["success"]]
+    assert sorted(answers["sql fetchnumpy"]["length"].tolist()) == sorted(lengths)
+    assert answers["stats"]["length"]["sum"] == sum(lengths)
+
+    # a view and a pinned version cannot move: a clear CorruptionError, no DuckDB error
+    for stuck in (view, pinned):
+        for call in (
+            lambda c: c.sql("SELECT * FROM episodes").fetchall(),
+            lambda c: c.where("list_max(reward) > 0"),
+            lambda c: c.select_episodes("SELECT episode_id FROM steps"),
+        ):
+            with pytest.raises(el.CorruptionError, match=f"version {old}: table file .* was removed.*vacuum"):
+                call(stuck)
