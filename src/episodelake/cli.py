@@ -6,7 +6,9 @@ Every command that reads or writes a dataset takes its storage options as JSON
 (``--options``; ``copy``: ``--src-options`` / ``--dst-options``).
 
 Exit status: 0 on success, 1 on an error (one line ``episodelake: error: ...``
-on stderr; ``--debug`` raises it with its traceback instead) and when
+on stderr, a raw storage error in the words of :func:`faults.storage_fault`,
+and how to pass credentials when object storage found none or refused them;
+``--debug`` raises it with its traceback instead) and when
 ``validate`` finds a problem, 2 for a command line that does not parse, 130 on
 Ctrl-C and 141 (128 + SIGPIPE, as for coreutils) when the reader of stdout
 went away (``episodelake info X | head -4``), quietly.
