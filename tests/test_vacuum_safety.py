@@ -39,10 +39,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def age_files(root: str, hours: float) -> None:
-    """Move the modification time of every file under ``root`` back by ``hours``, as if written that long ago."""
+    """Move the modification time of everything under ``root`` back by ``hours``, as if written that long ago."""
     shift = hours * 3600.0
-    for dirpath, _, files in os.walk(root):
-        for name in files:
+    for dirpath, dirs, files in os.walk(root):
+        for name in [*files, *dirs]:
             path = os.path.join(dirpath, name)
             st = os.stat(path)
             os.utime(path, (st.st_atime - shift, st.st_mtime - shift))

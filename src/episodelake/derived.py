@@ -219,7 +219,7 @@ def _create_side(uri: str, options: dict[str, str] | None) -> DeltaTable:
         return DeltaTable(uri, storage_options=options)
 
 
-def _record(store: Store, change: DerivedState, operation: str) -> int:
+def _record(store: Store, change: DerivedState, operation: str = "UPDATE") -> int:
     """Merge ``change`` into the episode table's recorded state; retried until a re-read shows it. New version.
 
     ``operation`` names the commit in history (``ADD COLUMN``, ``UPDATE``).
@@ -259,8 +259,11 @@ def vacuum_side(loc: Location, retention_hours: float, dry_run: bool) -> list[st
                   for path in paths)
 
 
-def _retry(attempt: Callable[[], int], what: str, loc: Location) -> int:
-    """``attempt`` until it lands: conflicts retried with backoff (then CommitConflictError), faults raised typed."""
+def _retry(attempt: Callable[[], int], what: str, loc: Location | None = None) -> int:
+    """``attempt`` until it lands: conflicts retried with backoff (then CommitConflictError).
+
+    With ``loc`` (the dataset), other failures are raised typed (StorageError, CorruptionError).
+    """
     delay = 0.01
     for n in range(RETRIES):
         try:
@@ -273,5 +276,7 @@ def _retry(attempt: Callable[[], int], what: str, loc: Location) -> int:
         except EpisodeLakeError:
             raise
         except Exception as exc:
+            if loc is None:
+                raise
             raise table_error(exc, loc, what) from exc
     raise AssertionError("unreachable")
