@@ -10,6 +10,9 @@ the same episodes as a NumPy reference over the recorded episodes.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -190,3 +193,29 @@ def test_sandboxed_weights_and_priority_still_weigh(recorded, ds):
     query = "SELECT episode_id, CAST(task = 'pick' AS DOUBLE) AS weight FROM episodes"
     prioritized = _first(ds, seed=3, priority=query)
     assert set(prioritized.episode_id.tolist()) <= picks
+
+
+def test_concat_where_reads_nothing_but_its_sources(recorded, ds):
+    root, raws = recorded
+    both = el.concat([ds, ds.where("task = 'pick'")])
+    _refused(lambda: both.where(f"(SELECT count(*) FROM read_text('{root / 'private' / 'hostname'}')) > 0"))
+    picks = sum(r.meta["task"] == "pick" for r in raws)
+    assert len(both.where("task = 'pick'")) == 2 * picks
+
+
+def test_cli_where_is_sandboxed(recorded):
+    """``episodelake sql|stats --where`` runs the predicate sandboxed: one error line, status 1, no secret shown."""
+    root, raws = recorded
+    cli = Path(sys.executable).with_name("episodelake")
+    predicate = f"(SELECT count(*) FROM read_text('{root / 'private' / 'hostname'}')) > 0"
+    for argv in (["sql", str(root / "ds"), "SELECT count(*) AS n FROM episodes"], ["stats", str(root / "ds")]):
+        run = subprocess.run([str(cli), *argv, "--where", predicate], capture_output=True, text=True, timeout=120)
+        assert run.returncode == 1, run.stdout + run.stderr
+        assert run.stderr.startswith("episodelake: error: ") and "sandboxed" in run.stderr
+        assert SECRET not in run.stdout + run.stderr
+    ok = subprocess.run(
+        [str(cli), "sql", str(root / "ds"), "SELECT count(*) AS n FROM episodes", "--where", "success", "--json"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout) == [{"n": sum(r.meta["success"] for r in raws)}]

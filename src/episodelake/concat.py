@@ -34,7 +34,7 @@ import pyarrow as pa
 from .batch import SegmentBatch, Transitions
 from .dataset import Dataset, DatasetView, EpisodeCollection, EpisodeRef
 from .errors import ArgumentError, QueryError, SchemaError
-from .query import column_numpy
+from .query import column_numpy, database
 from .schema import DatasetSchema
 from .segment_index import check_positive, check_seed
 from .selection import select
@@ -141,10 +141,10 @@ class ConcatView:
             self._tables[view] = tables
         return self._tables[view]
 
-    def _connect(self, query: str) -> duckdb.DuckDBPyConnection:
+    def _connect(self, query: str, sandbox: bool = False) -> duckdb.DuckDBPyConnection:
         if self._db is None:
             self._db = duckdb.connect()
-        cur = self._db.cursor()
+        cur = (database(sandbox=True) if sandbox else self._db).cursor()  # where(): reads only the sources
         for view in ("episodes", "steps") if _NAMES_STEPS.search(query) else ("episodes",):
             names = []
             for s, tbl in enumerate(self._source_tables(view)):
@@ -182,7 +182,7 @@ class ConcatView:
         if not isinstance(predicate, str) or not predicate.strip():
             raise QueryError(f"where() needs a SQL predicate string, got {predicate!r}")
         try:
-            rel = self._connect("").table("episodes").filter(predicate).project(f"{SOURCE}, episode_id")
+            rel = self._connect("", sandbox=True).table("episodes").filter(predicate).project(f"{SOURCE}, episode_id")
             hits = rel.fetchnumpy()
         except duckdb.Error as exc:
             raise QueryError(f"invalid where() predicate {predicate!r}: {exc}") from exc

@@ -106,8 +106,8 @@ class _SnapshotSQL:
 
     def __init__(self, snap: Snapshot) -> None:
         self.snap = snap
-        self.db = _database().cursor()
-        self.sandbox = _database(sandbox=True).cursor()
+        self.db = database().cursor()
+        self.sandbox = database(sandbox=True).cursor()
         self.lock = threading.Lock()
         self._stats: StatsTable | None = None
         self._index: pa.Table | None = None
@@ -243,7 +243,7 @@ _SANDBOX: dict[str, str | bool | int | float | list[str]] = {
 }
 
 
-def _database(sandbox: bool = False) -> duckdb.DuckDBPyConnection:
+def database(sandbox: bool = False) -> duckdb.DuckDBPyConnection:
     """The process's in-memory DuckDB database (or its sandboxed twin); snapshots and queries get connections to it.
 
     One database, not one per snapshot: opening a database costs 15-50 ms, a
