@@ -446,28 +446,32 @@ def main() -> None:
     summarize(args.out)
 
 
-def summarize(path: Path) -> None:
-    """Per-module counts and the survivors of a results file."""
+def summarize(path: Path, after: Path | None = None) -> None:
+    """Per-module counts and the survivors of a results file; with ``after`` (a ``--rerun`` of its survivors),
+    the survivors before and after side by side."""
     rows = [json.loads(line) for line in path.read_text().splitlines()]
+    later = {r["key"]: r["outcome"] for r in map(json.loads, after.read_text().splitlines())} if after else {}
     by: dict[str, dict[str, int]] = {}
     for r in rows:
-        by.setdefault(r["module"], {}).setdefault(r["outcome"], 0)
-        by[r["module"]][r["outcome"]] += 1
-    print(f"{'module':15s} {'mutants':>7s} {'killed':>6s} {'timeout':>7s} {'survived':>8s} {'error':>5s}")
-    for module, c in sorted(by.items()):
-        total = sum(c.values())
-        print(
-            f"{module:15s} {total:7d} {c.get('killed', 0):6d} {c.get('timeout', 0):7d} "
-            f"{c.get('survived', 0):8d} {c.get('error', 0):5d}"
-        )
+        c = by.setdefault(r["module"], {"mutants": 0, "killed": 0, "survived": 0, "error": 0, "after": 0})
+        c["mutants"] += 1
+        c[{"timeout": "killed"}.get(r["outcome"], r["outcome"])] += 1  # a timeout counts as killed
+        if r["outcome"] == "survived" and later.get(r["key"], "survived") == "survived":
+            c["after"] += 1
+    print("| module | mutants | killed | survived | survived after |\n|---|---|---|---|---|")
+    by["all"] = {k: sum(c[k] for c in by.values()) for k in ("mutants", "killed", "survived", "error", "after")}
+    for module, c in by.items():
+        left = c["after"] if after else "-"
+        print(f"| {module} | {c['mutants']} | {c['killed']} | {c['survived']} | {left} |")
     for r in rows:
         if r["outcome"] == "survived":
             what = r["name"] or f"{r['before']}  ->  {r['after']}"
-            print(f"SURVIVED {r['module']}:{r['line']} [{r['kind']}] {what}")
+            now = f" [after: {later.get(r['key'], 'not rerun')}]" if after else ""
+            print(f"SURVIVED {r['module']}:{r['line']} [{r['kind']}] {what}{now}")
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--summary"]:
-        summarize(Path(sys.argv[2]))
+        summarize(Path(sys.argv[2]), Path(sys.argv[3]) if len(sys.argv) > 3 else None)
     else:
         main()
