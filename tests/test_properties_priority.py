@@ -10,6 +10,7 @@ the episodes currently bound, 0 for the others.
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 import episodelake as el
 from episodelake.samplers import PrioritizedSampler
@@ -72,3 +73,14 @@ def test_a_stream_never_draws_a_deleted_episode_after_its_priorities_are_raised(
     stream.update_priorities(held, np.full(len(held), 1e6))  # accepted: the index stays valid
     drawn = {int(e) for _ in range(30) for e in stream.sample().episode_id}
     assert gone not in drawn and drawn == set(ds.episode_ids.tolist())
+
+
+def test_a_step_field_priority_must_be_a_numeric_scalar(tmp_path):
+    """priority= names "a scalar numeric per-step field": a vector field is refused, naming it."""
+    from .conftest import robot_schema
+
+    rng = np.random.default_rng(1)
+    ds = el.Dataset.create(robot_schema(image=False), str(tmp_path / "ds"))
+    ds.append_episodes(random_episode(rng, 5, image=False).as_dict(unwrap_action=True) for _ in range(3))
+    with pytest.raises(el.ArgumentError, match=r"observation/state.*numeric scalar"):
+        ds.segment_stream(sequence_length=2, priority="observation/state").sample()

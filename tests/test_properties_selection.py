@@ -75,3 +75,18 @@ def test_sampling_a_view_with_where_and_filter_draws_the_intersection(lake, a, b
     stream = view.segment_stream(sequence_length=1, batch_size=64, seed=0, where=PREDICATES[b][0], prefetch=0)
     drawn = {int(e) for _ in range(20) for e in stream.sample().episode_id}
     assert drawn == both  # 1280 draws over at most 40 episodes' steps: every one is hit
+
+
+def test_a_weights_query_must_return_both_columns(lake):
+    """A ``weights=`` query must return ``episode_id`` and ``weight`` (its docs): one of them missing is refused."""
+    ds, _ = lake
+    for query in ("SELECT episode_id FROM episodes", "SELECT 1.0 AS weight FROM episodes"):
+        with pytest.raises(el.ArgumentError, match="episode_id and weight"):
+            ds.segment_stream(sequence_length=1, weights=query)
+
+
+def test_a_filter_that_is_not_callable_is_refused_by_name(lake):
+    ds, _ = lake
+    for bad in ("length > 3", 3):
+        with pytest.raises(el.ArgumentError, match="filter must be callable"):
+            ds.segments(1, filter=bad)
