@@ -30,7 +30,7 @@ from episodelake.store import Store
 from episodelake.tensors import array_parts, split_ref
 
 from .latency_proxy import LatencyProxy
-from .workers.common import assert_all_match, episode
+from .workers.common import assert_all_match, crash_schema, episode
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = el.DatasetSchema(
@@ -161,3 +161,23 @@ def test_a_forked_child_that_records_exits_cleanly_without_its_parents_episodes(
     assert "'seed': 6, 'index': 0}" in lines[0]
     parents = [ep for ep in el.Dataset.open(path).episodes() if ep.meta["seed"] == 5]
     assert sorted(int(ep.meta["index"]) for ep in parents) == [0, 1, 2]
+
+
+def test_add_step_returns_its_writer_so_steps_chain(tmp_path):
+    """``EpisodeWriter.add_step(...) -> EpisodeWriter``: chained steps record the same episode as separate calls."""
+    ds = el.Dataset.create(crash_schema(), str(tmp_path / "ds"))
+    raw = episode(9, 0)
+    w = ds.new_episode({k: v[0] for k, v in raw.obs.items()}, **raw.meta)
+    for t in range(raw.length):
+        step = {
+            "obs": {k: v[t + 1] for k, v in raw.obs.items()},
+            "action": raw.action["action"][t],
+            "reward": raw.reward[t],
+            "terminated": raw.terminated and t == raw.length - 1,
+            "truncated": raw.truncated and t == raw.length - 1,
+        }
+        w = w.add_step(step)
+    if not (raw.terminated or raw.truncated):
+        w.finish()
+    ds.flush()
+    assert_all_match(el.Dataset.open(str(tmp_path / "ds")), [raw])
