@@ -10,10 +10,12 @@ and every case variant of a credential word must be hidden the same way.
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from episodelake.location import REDACTED, redact, resolve
+import episodelake as el
+from episodelake.location import REDACTED, StorageTimeouts, redact, resolve
 
 # option name -> is its value a credential (by the documented rule, written out by hand)
 NAMES = {
@@ -58,3 +60,12 @@ def test_every_credential_spelling_is_hidden_and_nothing_else():
 def test_a_credential_word_in_any_case_is_hidden(word, upper, suffix):
     name = "".join(c.upper() if up else c for c, up in zip(word, upper, strict=False)) + suffix
     assert redact({name: "s3cr3t", "region": "eu"}) == {name: REDACTED, "region": "eu"}
+
+
+def test_timeouts_are_a_policy_a_dict_of_its_fields_or_refused():
+    """``storage_options["timeouts"]``: None, a StorageTimeouts or a dict of its fields; anything else is refused."""
+    assert StorageTimeouts.parse(None) == StorageTimeouts()
+    assert StorageTimeouts.parse({"max_retries": 4}) == StorageTimeouts(max_retries=4)
+    for bad in (30, "30s", [4], 2.5):
+        with pytest.raises(el.ArgumentError, match="timeouts must be"):
+            StorageTimeouts.parse(bad)
