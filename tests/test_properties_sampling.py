@@ -95,3 +95,22 @@ def test_every_transition_is_drawn_and_nothing_else(lake, how):
     rng = np.random.default_rng(2)
     expected = {(ids[e], t) for e, n in enumerate(LENGTHS) for t in range(n)}
     assert drawn_until_covered(lambda: ds.sample_transitions(64, rng=rng, **kwargs), expected) == expected
+
+
+def test_a_batch_the_caller_holds_never_changes_while_the_stream_goes_on(tmp_path):
+    """Batches reuse buffers only nobody references: the arrays of every held batch keep their values."""
+    from .conftest import build_robot_dataset
+
+    path = str(tmp_path / "ds")
+    build_robot_dataset(path, seed=2, episodes=8, per_commit=4, max_length=20)
+    stream = el.Dataset.open(path).segment_stream(sequence_length=4, batch_size=4, seed=0, prefetch=0)
+    held = []
+    for _ in range(12):
+        batch = stream.sample()
+        arrays = {"camera": batch.all_obs["camera"], "state": batch.all_obs["state"], "reward": batch.reward}
+        held.append((arrays, {k: v.copy() for k, v in arrays.items()}))  # the copy: what it held when handed out
+    for _ in range(12):
+        stream.sample()
+    for arrays, at_receipt in held:
+        for key, values in arrays.items():
+            np.testing.assert_array_equal(values, at_receipt[key], err_msg=key)
