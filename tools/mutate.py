@@ -60,7 +60,7 @@ MODULE_TESTS: dict[str, list[str]] = {
     "sumtree": ["test_priority.py", "test_properties_priority.py"],
     "stream": ["test_sampling.py", "test_properties_sampling.py"],
     "selection": ["test_query.py", "test_properties_selection.py"],
-    "query": ["test_query.py", "test_properties_selection.py"],
+    "query": ["test_query.py", "test_table_corruption.py", "test_properties_selection.py"],
     "priority": ["test_priority.py", "test_properties_priority.py"],
     "commit": [
         "test_exit_commit.py::test_normal_exit_commits_finished_episodes",
@@ -68,10 +68,10 @@ MODULE_TESTS: dict[str, list[str]] = {
         "test_read_your_writes.py",
         "test_properties_commit.py",
     ],
-    "writer": ["test_roundtrip.py", "test_properties_commit.py"],
+    "writer": ["test_roundtrip.py", "test_outcome_meta.py", "test_properties_commit.py"],
     "snapshot": ["test_corruption.py", "test_properties_verify.py"],
     "location": ["test_location.py", "test_secrets.py", "test_properties_location.py"],
-    "fetch": ["test_snapshot_reads.py"],
+    "fetch": ["test_snapshot_reads.py", "test_fork_workers.py"],
     "batching": ["test_sampling.py", "test_properties_sampling.py"],
     "dataset": ["test_read_your_writes.py", "test_properties_read_your_writes.py"],
 }
