@@ -41,6 +41,7 @@ from .stats import STAT_PARTS, has_stats, stat_column
 COMPACT_EVERY = 64  # commits between automatic compactions + checkpoints
 COMMIT_RETRIES = 20
 COMPACT_LOCK_STALE_S = 600.0
+LOG_READ_TRIES = 5  # reads of the log deciding whether a commit already landed
 
 # Vacuum (docs/reliability.md, "Vacuum and compaction"). A file no version of the log references is either a
 # crash leftover or part of a commit still in flight (written, not yet committed: seconds, at most the commit's
@@ -310,15 +311,28 @@ class EpisodeTable:
         return self.version > before
 
     def _landed(self, token: str | None, since: int) -> bool:
-        """Whether a commit after version ``since`` carries ``token`` (moves the handle to the latest version)."""
+        """Whether a commit after version ``since`` carries ``token`` (moves the handle to the latest version).
+
+        The log is read again a few times on a failure (it is the answer that
+        decides whether to commit again); still failing, the commit stays
+        uncertain and the error is raised.
+        """
         if token is None:
             return False
-        try:
-            self.dt.update_incremental()
-            newer = self.version - since
-            return newer > 0 and any(h.get(TOKEN_KEY) == token for h in self.dt.history(limit=newer))
-        except Exception as exc:
-            raise table_error(exc, self.loc, "reading the episode table log") from exc
+        delay = 0.05
+        for n in range(LOG_READ_TRIES):
+            try:
+                self.dt.update_incremental()
+                newer = self.version - since
+                return newer > 0 and any(h.get(TOKEN_KEY) == token for h in self.dt.history(limit=newer))
+            except Exception as exc:
+                if n < LOG_READ_TRIES - 1:
+                    time.sleep(delay)  # a transient fault: read the log again
+                    delay *= 2
+                    continue
+                self._uncertain = since if self._uncertain is None else min(since, self._uncertain)
+                raise table_error(exc, self.loc, "reading the episode table log") from exc
+        raise AssertionError("unreachable")
 
     def _compact_in_background(self) -> None:
         """Start :func:`compact_table` on a thread of its own, so the commit that triggered it returns at once.
