@@ -35,7 +35,7 @@ from .segments import RoleView, Segment
 from .transforms import FrameTransform
 from .writer import EpisodeWriter, VectorEpisodeWriter
 
-__version__ = "0.1.0"
+__version__ = "0.3.0"
 
 __all__ = [
     "ArgumentError",
