@@ -41,7 +41,7 @@ from .stats import STAT_PARTS, has_stats, stat_column
 COMPACT_EVERY = 64  # commits between automatic compactions + checkpoints
 COMMIT_RETRIES = 20
 COMPACT_LOCK_STALE_S = 600.0
-LOG_READ_TRIES = 5  # reads of the log deciding whether a commit already landed
+LOG_READ_TRIES = 2  # reads of the log deciding whether a commit already landed (each within the deadline)
 
 # Vacuum (docs/reliability.md, "Vacuum and compaction"). A file no version of the log references is either a
 # crash leftover or part of a commit still in flight (written, not yet committed: seconds, at most the commit's
@@ -313,7 +313,7 @@ class EpisodeTable:
     def _landed(self, token: str | None, since: int) -> bool:
         """Whether a commit after version ``since`` carries ``token`` (moves the handle to the latest version).
 
-        The log is read again a few times on a failure (it is the answer that
+        The log is read a second time on a failure (it is the answer that
         decides whether to commit again); still failing, the commit stays
         uncertain and the error is raised.
         """
