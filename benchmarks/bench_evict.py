@@ -64,7 +64,7 @@ def main() -> None:
         warm = [episode(rng, args.length) for _ in range(args.capacity // args.length + 1)]
         measured = [episode(rng, args.length) for _ in range(args.commits)]
         # vacuum_every above the run: the automatic vacuum is timed separately below
-        cap = {"steps": args.capacity, "retention_hours": 0, "vacuum_every": 10**6}
+        cap = {"steps": args.capacity, "retention_hours": 0, "vacuum_every": 10**6, "break_old_versions": True}
         plain = el.Dataset.create(schema(), f"{root}/plain", commit_episodes=10**6)
         ring = el.Dataset.create(schema(), f"{root}/ring", capacity=cap, commit_episodes=10**6)
         for ds in (plain, ring):
@@ -78,7 +78,7 @@ def main() -> None:
         print(f"  append + evict:    {np.median(t_ring):7.2f}   p90 {np.percentile(t_ring, 90):7.2f}")
         print(f"  ratio evict/plain: {np.median(t_ring) / np.median(t_plain):7.2f}")
         t0 = time.perf_counter()
-        report = ring.vacuum(retention_hours=0)
+        report = ring.vacuum(retention_hours=0, break_old_versions=True)
         t_vac = time.perf_counter() - t0
         print(
             f"vacuum after {args.commits} evicting commits: {t_vac * 1e3:.1f} ms "
