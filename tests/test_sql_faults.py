@@ -201,3 +201,57 @@ def test_a_reader_whose_version_was_rewritten_answers_from_the_latest(pristine, 
         ):
             with pytest.raises(el.CorruptionError, match=f"version {old}: table file .* was removed.*vacuum"):
                 call(stuck)
+
+
+LOCKSTEP = textwrap.dedent(
+    """
+    import sys
+    import numpy as np
+    import episodelake as el
+    from tests.reference import random_episode
+    ds = el.Dataset.open(sys.argv[1])
+    for i, line in enumerate(sys.stdin):  # one round per "go" from the reader
+        ds.append_episodes([random_episode(np.random.default_rng(i), 3 + i % 5).as_dict(unwrap_action=True)])
+        ds.flush()
+        ds.compact()
+        report = ds.vacuum(retention_hours=0, break_old_versions=True)
+        print(ds.version, len(report.table_files), flush=True)
+    """
+)
+
+
+def test_every_round_of_rewrites_between_refresh_and_fetch_is_replanned(pristine, tmp_path):
+    """Another process appends, compacts and vacuums between each refresh+sql() of the reader and its fetch.
+
+    Lockstep over a pipe (no timing): the reader refreshes and plans its queries, tells the rewriter to go,
+    waits for its line, then fetches. The reader's version is gone by then, so each answer must be the
+    latest version's: the exact count and total length of the episodes written so far.
+    """
+    root = tmp_path / "ds"
+    shutil.copytree(pristine[0], root)
+    initial = [r.length for r in pristine[1]]
+    rounds = 8
+    proc = subprocess.Popen(
+        [sys.executable, "-c", LOCKSTEP, str(root)],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    reader = el.Dataset.open(str(root))
+    try:
+        for i in range(rounds):
+            reader.refresh()
+            pending = reader.sql("SELECT count(*), sum(length) FROM episodes")
+            before = reader.version
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+            version, removed = map(int, proc.stdout.readline().split())
+            assert removed > 0 and version > before
+            lengths = initial + [3 + j % 5 for j in range(i + 1)]
+            assert pending.fetchall() == [(len(lengths), sum(lengths))], f"round {i}"
+            assert reader.version == version
+    finally:
+        proc.stdin.close()
+        assert proc.wait(timeout=300) == 0
