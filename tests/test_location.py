@@ -37,7 +37,6 @@ def test_memory_is_ram_backed_and_shared_by_name():
 DEFAULT_DELTA_TIMEOUTS = {
     "connect_timeout": "5.0s",
     "timeout": "30.0s",
-    "max_retries": "10",
     "retry_timeout": "60.0s",
     "backoff_config.init_backoff": "0.025s",
     "backoff_config.max_backoff": "5.0s",
@@ -55,8 +54,9 @@ def test_timeouts_reach_every_engine():
     spec = loc.kvstore("tensors")
     assert spec["context"] == {"s3_request_retries": {"max_retries": 3, "initial_delay": "0.01s", "max_delay": "0.5s"}}
     delta = loc.delta_options()
-    assert {k: delta[k] for k in ("connect_timeout", "timeout", "max_retries", "retry_timeout")} == {
-        "connect_timeout": "1s", "timeout": "7s", "max_retries": "3", "retry_timeout": "9s"}
+    assert {k: delta[k] for k in ("connect_timeout", "timeout", "retry_timeout")} == {
+        "connect_timeout": "1s", "timeout": "7s", "retry_timeout": "9s"}
+    assert "max_retries" not in delta  # Polars takes that key as its own int option
     assert (delta["backoff_config.init_backoff"], delta["backoff_config.max_backoff"]) == ("0.01s", "0.5s")
     config = loc.fs.config_kwargs
     # botocore waits up to 1, 2, 4 s before its retries: 3 retries fit in 9 s, and max_retries allows 3

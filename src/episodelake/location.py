@@ -116,11 +116,15 @@ class StorageTimeouts:
         }
 
     def delta_options(self) -> dict[str, str]:
-        """deltalake (object_store) client and retry options."""
+        """deltalake (object_store) client and retry options.
+
+        ``max_retries`` is left out: Polars reads the same ``storage_options`` and takes that key as its own
+        (an int, refusing deltalake's string form), so object_store keeps its own count (10) and stops at
+        ``retry_timeout`` (the deadline) first.
+        """
         return {
             "connect_timeout": f"{self.connect_timeout}s",
             "timeout": f"{self.read_timeout}s",
-            "max_retries": str(self.max_retries),
             "retry_timeout": f"{self.deadline}s",
             "backoff_config.init_backoff": f"{self.initial_delay}s",
             "backoff_config.max_backoff": f"{self.max_delay}s",
