@@ -134,10 +134,12 @@ def test_copy_to_video_and_back(tmp_path):
         np.testing.assert_array_equal(a, b)
 
 
-def test_vacuum_cuts_inside_a_gop_and_later_appends_replace_the_cut_frames(tmp_path):
+def test_vacuum_counts_lost_frames_inside_a_gop_and_never_cuts_them(tmp_path):
+    """A lost commit's frames inside a partly filled GOP are counted by vacuum, never cut; the committed frames
+    read the same and the dataset validates."""
     path = str(tmp_path / "ds")
     rng = np.random.default_rng(0)
-    raw = [smooth_frames(rng, n + 1, 32, 32) for n in (5, 9)]  # 16 frames: the cut falls inside GOP 2 of 6
+    raw = [smooth_frames(rng, n + 1, 32, 32) for n in (5, 9)]  # 16 frames: GOP 2 of 6 is partly filled
     ds = write(path, camera_schema(codec="video:h264", chunk_rows=6), [episode(r) for r in raw])
     before = frames_of(ds)
     store = Store.open(resolve(path, {}))
@@ -146,16 +148,7 @@ def test_vacuum_cuts_inside_a_gop_and_later_appends_replace_the_cut_frames(tmp_p
     orphan.append_block(smooth_frames(rng, 7, 32, 32))[1].result()  # a lost commit, into the partly filled GOP
     report = el.Dataset.open(path).vacuum(retention_hours=1)
     assert report.unreferenced_rows == report.unreclaimed_rows == 7  # counted; vacuum never cuts a writer's array
-    orphan.shrink(16)
-    assert store.open_array(writer, f).rows == 16
-    last = smooth_frames(rng, 9, 32, 32)
-    again = store.open_array(writer, f, read_only=False)
-    at, done = again.append_block(again.round_trip(last))  # at row 16, inside GOP 2 again
-    done.result()
-    assert at == 16
-    rows = store.open_array(writer, f).read(0, 25).result()
-    np.testing.assert_array_equal(rows[:16], np.concatenate(before))
-    assert min(codecs.psnr(a, b) for a, b in zip(last, rows[16:], strict=True)) >= codecs.psnr_floor("video:h264", 60)
+    assert store.open_array(writer, f).rows == 23
     fresh = el.Dataset.open(path)
     for a, b in zip(before, frames_of(fresh), strict=True):
         np.testing.assert_array_equal(a, b)

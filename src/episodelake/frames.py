@@ -180,22 +180,6 @@ class FrameArray(PlainArray):
         start = self.reserve(len(block))
         return start, self.write(start, block)
 
-    def shrink(self, rows: int) -> None:
-        """Cut the single array to its first ``rows`` frames (shards wholly past the end are deleted; a video
-        chunk the cut falls inside is kept whole, and frames appended later replace its frames past the cut)."""
-        S, kv = self.write_rows, self._store()
-        last = -(-self.rows // S)
-        gone = range(-(-rows // S), last)
-        futures = [kv.delete_range(ts.KvStore.KeyRange(self._key(s), self._key(s) + "\0")) for s in gone]
-        if rows % S:
-            s = rows // S
-            data, index = self._kept(s, rows)
-            futures.append(kv.write(self._key(s), _shard_bytes(data, index)))
-            self._indexes.pop(s, None)
-        Writes(futures, self.loc, self.where, 0).result()
-        _write_metadata(self.loc, array_parts(self._writer, self.field, 0), self.field, self._context, rows, False)
-        self.rows = rows
-
     def _key(self, shard: int) -> str:
         return "/".join(layout.chunk_parts(shard, len(self.field.shape)))
 

@@ -403,12 +403,6 @@ class TensorArray:
         start = self.reserve(len(block))
         return start, self.write(start, block)
 
-    def shrink(self, rows: int) -> None:
-        """Cut the array to its first ``rows`` rows (chunk files wholly past the end are deleted)."""
-        assert self.store is not None
-        self.store = self.store.resize(exclusive_max=[rows, *self.field.shape], shrink_only=True).result()
-        self.rows = rows
-
     def read(self, start: int, stop: int) -> ts.Future:
         """Rows ``[start, stop)`` of this array (a future)."""
         assert self.store is not None
