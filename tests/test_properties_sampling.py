@@ -103,7 +103,8 @@ def test_a_batch_the_caller_holds_never_changes_while_the_stream_goes_on(tmp_pat
 
     path = str(tmp_path / "ds")
     build_robot_dataset(path, seed=2, episodes=8, per_commit=4, max_length=20)
-    stream = el.Dataset.open(path).segment_stream(sequence_length=4, batch_size=4, seed=0, prefetch=0)
+    # 96 x 5 camera rows of 192 B: above batching.SMALL_BYTES, so the camera buffers come from the pool
+    stream = el.Dataset.open(path).segment_stream(sequence_length=4, batch_size=96, seed=0, prefetch=0)
     held = []
     for _ in range(12):
         batch = stream.sample()
