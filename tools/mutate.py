@@ -60,7 +60,10 @@ MODULE_TESTS: dict[str, list[str]] = {
     "sumtree": ["test_priority.py", "test_properties_priority.py"],
     "stream": ["test_sampling.py", "test_properties_sampling.py"],
     "selection": ["test_query.py", "test_properties_selection.py"],
-    "query": ["test_query.py", "test_table_corruption.py", "test_properties_selection.py", "test_sql_faults.py", "test_sql_sandbox.py"],
+    "query": [
+        "test_query.py", "test_table_corruption.py", "test_properties_selection.py", "test_sql_faults.py",
+        "test_sql_sandbox.py",
+    ],
     "priority": ["test_priority.py", "test_properties_priority.py"],
     "commit": [
         "test_exit_commit.py::test_normal_exit_commits_finished_episodes",
