@@ -45,8 +45,8 @@ sys.path.insert(0, str(ROOT))
 from tests.lerobot_env import lerobot_python  # noqa: E402
 
 import episodelake as el  # noqa: E402
+from episodelake.exporters.lerobot import to_lerobot  # noqa: E402
 from episodelake.importers import import_dataset  # noqa: E402
-from episodelake.lerobot_export import to_lerobot  # noqa: E402
 
 CAMERA = "observation.images.top"
 

@@ -39,8 +39,8 @@ import pyarrow.compute as pc
 from deltalake import write_deltalake
 
 import episodelake as el
-from episodelake.stats import STAT_PARTS, stat_column
-from episodelake.table import arrow_schema
+from episodelake.core.stats import STAT_PARTS, stat_column
+from episodelake.storage.table import arrow_schema
 
 TASKS = np.array(["pick", "place", "push", "stack"])
 PREDICATE = "task = 'pick' AND success"

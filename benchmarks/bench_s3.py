@@ -15,7 +15,7 @@ state/action/reward), writes it to local disk, copies it to S3 with
 * S3 through the fault proxy (``tests/fault_proxy.py``) answering 10% of
   requests ``503 SlowDown`` (``--slow-down``), beside the same proxy with no
   faults: retries start at tens of milliseconds
-  (:class:`~episodelake.location.StorageTimeouts`), so the ratio shows what
+  (:class:`~episodelake.storage.location.StorageTimeouts`), so the ratio shows what
   the 503s cost;
 * S3 with the disk cache (``cache_dir``): cold (empty cache) and warm (the
   same batches again, in a fresh ``Dataset``);
@@ -51,8 +51,8 @@ from tests.latency_proxy import LatencyProxy
 from tests.s3server import S3Server
 
 import episodelake as el
-from episodelake import fetch
-from episodelake.location import resolve
+from episodelake.storage import fetch
+from episodelake.storage.location import resolve
 
 BATCH, SEQ = 32, 16
 ROW_BYTES = 3 * 64 * 64

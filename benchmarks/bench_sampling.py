@@ -192,7 +192,7 @@ class EpisodeLake(System):
 
     def open(self) -> Callable[[], object]:
         import episodelake as el
-        from episodelake import batching
+        from episodelake.read import batching
 
         ds = el.Dataset.open(self.root, read_only=True)
         if self.mode == "tensorstore":

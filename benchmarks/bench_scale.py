@@ -36,7 +36,7 @@ import numpy as np
 
 import episodelake as el
 from bench_query import timed as median_ms  # benchmarks/ is on sys.path when run as a script
-from episodelake import table
+from episodelake.storage import table
 
 CAMERAS = ("cam_left", "cam_right", "cam_wrist")
 BATCH, SEQ = 32, 16

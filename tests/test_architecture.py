@@ -1,9 +1,13 @@
-"""The module map in docs/architecture.md is the import rule, and the code keeps it.
+"""The folder map in docs/architecture.md is the import rule, and the code keeps it.
 
 Every import in ``src/episodelake`` (module level, inside functions, under
-``TYPE_CHECKING``) is parsed; a module may import only modules of a lower
-layer, or of its own layer listed before it. That rules out upward imports
-and import circles. The on-disk layout is spelled in ``layout.py`` alone.
+``TYPE_CHECKING``) is parsed and resolved to a (folder, module) unit. The map
+lists folders in one-way order, each on a level, and the modules of each
+folder in their import order. A module may import a unit of a folder on a
+lower level, or a module listed before it in its own folder; nothing else.
+That rules out upward imports, imports between sibling folders (``read`` and
+``write``), and circles. The on-disk layout is spelled in ``storage/layout.py``
+alone.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import ast
 import re
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -18,79 +23,126 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "src" / "episodelake"
 DOC = ROOT / "docs" / "architecture.md"
 LAYOUT_LITERALS = ("episodelake.json", "_delta_log", "zarr.json", "_episodelake_compact.lock")
+TOP = "."  # the folder name of modules directly under episodelake/
+MAX_TOP_MODULES = 10
 
 
-def layer_table() -> dict[str, tuple[int, int]]:
-    """Module name -> (layer, position in its layer), from the doc's "Modules and layers" table."""
-    section = DOC.read_text().split("## Modules and layers", 1)[1].split("\n## ", 1)[0]
-    order: dict[str, tuple[int, int]] = {}
-    for layer, modules in re.findall(r"^\| (\d+) \| ([^|]+) \|", section, flags=re.M):
-        for pos, name in enumerate(re.findall(r"`([a-z_]+)`", modules)):
-            assert name not in order, f"{name} listed twice in docs/architecture.md"
-            order[name] = (int(layer), pos)
-    return order
+class Place(NamedTuple):
+    """Where a unit sits on the map: its row's level, the row, and its position in the row."""
+
+    level: int
+    row: int
+    position: int
 
 
-def module_of(path: Path) -> str:
-    """The map's name for a source file: its top-level module or package under episodelake/."""
+def folder_map(text: str | None = None) -> dict[tuple[str, str], Place]:
+    """(folder, module) -> Place, from the doc's "Folders and modules" table."""
+    section = (DOC.read_text() if text is None else text).split("## Folders and modules", 1)[1].split("\n## ", 1)[0]
+    out: dict[tuple[str, str], Place] = {}
+    rows = re.findall(r"^\| (\d+) \| `([a-z_.]+)/?` \| ([^|]+) \|", section, flags=re.M)
+    assert rows, "docs/architecture.md has no folder table"
+    levels = [int(level) for level, _, _ in rows]
+    assert levels == sorted(levels), "the folder table lists folders from the lowest level up"
+    for row, (level, folder, modules) in enumerate(rows):
+        names = re.findall(r"`([a-z_0-9]+)`", modules)
+        for position, name in enumerate(names):
+            assert (folder, name) not in out, f"{folder}/{name} listed twice in docs/architecture.md"
+            out[folder, name] = Place(int(level), row, position)
+        if folder != TOP:
+            out[folder, "__init__"] = Place(int(level), row, len(names))  # a folder's face: after its modules
+    return out
+
+
+def unit_of(parts: list[str]) -> tuple[str, str]:
+    """The map's unit for a module path under episodelake/ (``["read", "sql"]`` is read's ``sql``)."""
+    if len(parts) == 1:
+        return (parts[0], "__init__") if (PACKAGE / parts[0] / "__init__.py").exists() else (TOP, parts[0])
+    return parts[0], parts[1]
+
+
+def source_unit(path: Path) -> tuple[str, str]:
     rel = path.relative_to(PACKAGE)
-    return rel.parts[0].removesuffix(".py")
+    return unit_of([*rel.parts[:-1], rel.stem] if rel.stem != "__init__" or len(rel.parts) > 2 else list(rel.parts[:-1]))
 
 
-def imported(path: Path, source: str | None = None) -> set[str]:
-    """Our modules that ``path`` (or ``source`` placed there) imports, except its own package's parts."""
-    own = module_of(path)
-    depth = len(path.relative_to(PACKAGE).parts) - 1  # 0 for top-level modules, 1 inside a subpackage
-    out: set[str] = set()
+def _is_module(parts: list[str]) -> bool:
+    where = PACKAGE.joinpath(*parts)
+    return where.with_suffix(".py").exists() or (where / "__init__.py").exists()
+
+
+def imported(path: Path, source: str | None = None) -> set[tuple[str, str]]:
+    """The units that ``path`` (or ``source`` placed there) imports, except its own."""
+    package = list(path.relative_to(PACKAGE).parts[:-1])
+    out: set[tuple[str, str]] = set()
     for node in ast.walk(ast.parse(path.read_text() if source is None else source)):
-        targets: list[str] = []
+        modules: list[list[str]] = []
         if isinstance(node, ast.ImportFrom):
             if node.level:
-                up = node.level - 1 - depth  # < 0: still inside the subpackage
-                if up < 0:
-                    continue
-                if node.module:
-                    targets.append(node.module.split(".")[0])
-                else:
-                    targets += [alias.name for alias in node.names]
+                base = package[: len(package) - (node.level - 1)]
             elif node.module and node.module.split(".")[0] == "episodelake":
-                parts = node.module.split(".")
-                targets += [parts[1]] if len(parts) > 1 else [alias.name for alias in node.names]
-        elif isinstance(node, ast.Import):
+                base = []
+            else:
+                continue
+            named = base + (node.module.split(".")[node.level == 0 :] if node.module else [])
             for alias in node.names:
-                parts = alias.name.split(".")
-                if parts[0] == "episodelake" and len(parts) > 1:
-                    targets.append(parts[1])
-        out.update(t for t in targets if t != own)
+                modules.append([*named, alias.name] if _is_module([*named, alias.name]) else named)
+        elif isinstance(node, ast.Import):
+            modules += [alias.name.split(".")[1:] for alias in node.names if alias.name.startswith("episodelake.")]
+        out.update(unit_of(m) for m in modules if m)
+    out.discard(source_unit(path))
     return out
+
+
+def allowed(importer: Place, target: Place) -> bool:
+    """A lower level, or earlier in the same folder row."""
+    return target.level < importer.level or (target.row == importer.row and target.position < importer.position)
 
 
 SOURCES = sorted(p for p in PACKAGE.rglob("*.py") if p != PACKAGE / "__init__.py")
 
 
 def test_every_module_is_on_the_map_and_every_entry_exists():
-    order = layer_table()
-    assert {module_of(p) for p in SOURCES} == set(order)
+    listed = {unit for unit in folder_map() if unit[1] != "__init__"}
+    present = {source_unit(p) for p in SOURCES} - {(f, "__init__") for f, _ in listed}
+    assert present == listed
 
 
 @pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(PACKAGE)))
-def test_imports_go_only_down_the_layers(path):
-    order = layer_table()
-    me = module_of(path)
-    upward = sorted(t for t in imported(path) if order[t] >= order[me])
-    assert not upward, f"{path.relative_to(PACKAGE)} (layer {order[me][0]}) imports {upward} from its layer or above"
+def test_imports_go_only_down_the_map(path):
+    order = folder_map()
+    me = source_unit(path)
+    wrong = sorted(f"{f}/{m}" for f, m in imported(path) if not allowed(order[me], order[f, m]))
+    assert not wrong, f"{path.relative_to(PACKAGE)} {order[me]} imports {wrong}: upward, sideways or circular"
 
 
-def test_the_rule_sees_lazy_and_type_checking_imports():
-    """A test of the test: imports hidden under TYPE_CHECKING or inside functions are found."""
-    source = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .dataset import Dataset\n"
-    source += "def f():\n    from . import stream\n    import episodelake.cli\n"
-    assert imported(PACKAGE / "query.py", source) == {"dataset", "stream", "cli"}
+def test_the_rule_fails_an_upward_a_sideways_and_a_circular_import():
+    """A test of the test: planted imports that break the map are caught, including lazy and TYPE_CHECKING ones."""
+    order = folder_map()
+    snapshot = PACKAGE / "read" / "snapshot.py"
+    planted = {
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..dataset import Dataset\n": (TOP, "dataset"),
+        "def f():\n    from ..write import commit\n": ("write", "commit"),  # read and write are siblings
+        "def f():\n    from .query import SQLResult\n": ("read", "query"),  # query imports snapshot: a circle
+        "import episodelake.cli\n": ("cli", "__init__"),
+    }
+    for source, unit in planted.items():
+        assert unit in imported(snapshot, source), source
+        assert not allowed(order[source_unit(snapshot)], order[unit]), source
+    assert allowed(order[source_unit(snapshot)], order["storage", "table"])
 
 
-def test_subpackage_imports_resolve_to_top_level_modules():
-    assert imported(PACKAGE / "integrations" / "gymnasium.py") >= {"dataset", "schema"}
-    assert "torch" not in imported(PACKAGE / "integrations" / "jax.py")  # its own package's module
+def test_folder_imports_resolve_to_units():
+    assert imported(PACKAGE / "integrations" / "gymnasium.py") >= {(TOP, "dataset"), ("core", "schema")}
+    assert ("integrations", "torch") in imported(PACKAGE / "integrations" / "jax.py")
+    assert imported(PACKAGE / "cli" / "__init__.py") == {("cli", "main")}
+
+
+def test_the_top_level_is_small_and_folders_say_what_they_own():
+    top = [p for p in PACKAGE.glob("*.py") if p.name != "__init__.py"]
+    assert len(top) <= MAX_TOP_MODULES, sorted(p.name for p in top)
+    for init in PACKAGE.glob("*/__init__.py"):
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        assert "May import:" in doc, f"{init.relative_to(PACKAGE)} does not say what it may import"
 
 
 def test_layout_strings_live_in_layout_only():
@@ -103,4 +155,4 @@ def test_layout_strings_live_in_layout_only():
         and any(lit in node.value for lit in LAYOUT_LITERALS)
         and not (isinstance(node.value, str) and node.value.strip().count("\n"))  # docstrings may describe the layout
     }
-    assert spelled == {"layout.py"}
+    assert spelled == {"storage/layout.py"}

@@ -25,8 +25,9 @@ import pytest
 import s3fs
 
 import episodelake as el
-from episodelake import maintenance, table
-from episodelake.tensors import split_ref
+from episodelake.ops import maintenance
+from episodelake.storage import table
+from episodelake.storage.tensors import split_ref
 
 from .workers.common import assert_all_match, crash_schema, episode
 
@@ -40,7 +41,7 @@ FIELDS = ("observation/camera", "observation/state")
 ABORTING_WRITER = """
 import json, os, signal, sys
 import episodelake as el
-from episodelake import table
+from episodelake.storage import table
 from tests.workers.common import episode
 
 url, options, seed = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])

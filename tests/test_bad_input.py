@@ -571,9 +571,9 @@ NOT_ARGUMENTS = {"self", "collection", "args", "kwargs"}
 def public_calls() -> dict[str, inspect.Signature]:
     """Every public method of the user-facing classes and every function el exports, by qualified name,
     plus ``"Name(arg)"`` for each argument of the samplers and of copy_to (checked one by one)."""
-    from episodelake.segment_dataset import SegmentDataset
-    from episodelake.stream import SegmentStream
-    from episodelake.transitions import sample_transitions
+    from episodelake.sampling.segment_dataset import SegmentDataset
+    from episodelake.sampling.stream import SegmentStream
+    from episodelake.sampling.transitions import sample_transitions
 
     out: dict[str, inspect.Signature] = {}
     classes = (

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import episodelake as el
-from episodelake.segments import meta_fill
+from episodelake.core.segments import meta_fill
 
 torch = pytest.importorskip("torch")
 

@@ -15,7 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import episodelake as el
-from episodelake import bulk, summary
+from episodelake.core import summary
+from episodelake.write import bulk
 
 
 def schema(**extra) -> el.DatasetSchema:
@@ -216,7 +217,7 @@ KILLED_IMPORT = textwrap.dedent(
     import os, signal, sys
     import numpy as np
     import episodelake as el
-    from episodelake import table
+    from episodelake.storage import table
     from tests.test_bulk_write import columns, schema
 
     original = table.EpisodeTable.append

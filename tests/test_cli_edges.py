@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import episodelake as el
-from episodelake.plots import episode_histograms
+from episodelake.integrations.plots import episode_histograms
 
 from .conftest import build_robot_dataset, robot_schema
 from .reference import random_episode
@@ -61,7 +61,7 @@ def test_debug_shows_the_traceback(tmp_path, where):
     proc = run_cli(*(["--debug", *argv] if where == "before" else [*argv, "--debug"]))
     assert proc.returncode == 1
     assert "Traceback (most recent call last)" in proc.stderr
-    assert proc.stderr.rstrip().splitlines()[-1].startswith("episodelake.errors.DatasetNotFoundError")
+    assert proc.stderr.rstrip().splitlines()[-1].startswith("episodelake.core.errors.DatasetNotFoundError")
 
 
 def test_query_errors_and_bad_options(local_ds):

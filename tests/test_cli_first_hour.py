@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import episodelake as el
-from episodelake.errors import ArgumentError, SchemaError
+from episodelake.core.errors import ArgumentError, SchemaError
 
 CLI = [sys.executable, "-m", "episodelake.cli"]
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import episodelake as el
-from episodelake.cli import main
+from episodelake.cli.main import main
 
 from .conftest import robot_schema
 from .reference import random_episode

@@ -20,9 +20,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import episodelake as el
-from episodelake import codecs
-from episodelake.location import resolve
-from episodelake.tensors import PlainArray, array_parts, tensors_size, zarr_metadata
+from episodelake.core import codecs
+from episodelake.storage.location import resolve
+from episodelake.storage.tensors import PlainArray, array_parts, tensors_size, zarr_metadata
 
 
 def smooth_frames(rng: np.random.Generator, n: int, h: int, w: int, c: int = 3) -> np.ndarray:
@@ -504,8 +504,8 @@ def test_docs_table_lists_the_declared_floors():
 def test_vacuum_counts_a_lost_commits_frames_and_never_cuts_the_array(tmp_path):
     """Frames written by a commit that never reached the table are counted, not cut (a live writer may be
     growing the array); the committed frames read the same."""
-    from episodelake.location import resolve
-    from episodelake.store import Store
+    from episodelake.storage.location import resolve
+    from episodelake.storage.store import Store
 
     path = str(tmp_path / "ds")
     raw = [smooth_frames(np.random.default_rng(0), n + 1, 32, 32) for n in (5, 9)]

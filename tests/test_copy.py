@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import episodelake as el
-from episodelake.cli import main
-from episodelake.copy import verify_copy
+from episodelake.cli.main import main
+from episodelake.ops.copy import verify_copy
 
 from .conftest import robot_schema
 from .reference import random_episode

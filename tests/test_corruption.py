@@ -258,7 +258,7 @@ def test_log_bit_rot_found_by_validate(damaged, edit):
 
 
 def test_validate_cli_reports_corruption(damaged, capsys):
-    from episodelake.cli import main
+    from episodelake.cli.main import main
 
     path, _ = damaged
     assert main(["validate", path, "--json"]) == 0

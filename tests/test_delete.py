@@ -18,7 +18,7 @@ import pytest
 from deltalake import DeltaTable
 
 import episodelake as el
-from episodelake.cli import main
+from episodelake.cli.main import main
 
 from .test_bad_input import tree_digest
 from .workers.replay import check_episode, episode, length_of, live_numbers, schema

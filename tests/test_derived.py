@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 import episodelake as el
 from episodelake import DatasetSchema, FieldSpec
-from episodelake.errors import ArgumentError, ReadOnlyError, SchemaError, ValidationError
+from episodelake.core.errors import ArgumentError, ReadOnlyError, SchemaError, ValidationError
 
 ROOT = Path(__file__).resolve().parents[1]
 GAMMA = 0.9
@@ -341,8 +341,8 @@ def test_per_step_values_round_trip(data):
 
 def test_an_older_update_recorded_last_does_not_hide_a_newer_one(tmp_path):
     """Two updaters whose property commits land in the opposite order of their merges: the newer values stay."""
-    from episodelake import derived
-    from episodelake.store import Store
+    from episodelake.storage.store import Store
+    from episodelake.write import derived
 
     path = str(tmp_path / "ds")
     ds = make(path)
@@ -400,7 +400,7 @@ def test_vacuum_removes_replaced_side_files_and_keeps_the_values(tmp_path):
 
 
 def test_a_grown_snapshot_keeps_derived_values_and_adds_unset_rows(tmp_path, monkeypatch):
-    import episodelake.snapshot as snapshot_module
+    import episodelake.read.snapshot as snapshot_module
 
     ds = make(str(tmp_path / "ds"))
     ds.update({"priority": [1.0] * 8, "extra/returns": [discounted(episode(n)["rewards"]) for n in range(8)]})
@@ -422,7 +422,7 @@ def test_an_update_that_keeps_losing_races_raises_commit_conflict(tmp_path, monk
     """Real Delta conflicts: a merge through a handle that never sees the newer side version loses every time."""
     from deltalake import DeltaTable
 
-    from episodelake import derived
+    from episodelake.write import derived
 
     path = str(tmp_path / "ds")
     ds = make(path)

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 import episodelake as el
-from episodelake import faults
+from episodelake.storage import faults
 
 from .scripts.disk_faults import schema as script_schema
 from .workers.common import assert_all_match, crash_schema, episode, write_stepwise

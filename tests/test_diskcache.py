@@ -17,7 +17,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from episodelake.diskcache import TRAILER, DiskCache, MemoryCache, entry_name
+from episodelake.storage.diskcache import TRAILER, DiskCache, MemoryCache, entry_name
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -96,7 +96,7 @@ def test_memory_cache_is_an_lru_bounded_in_bytes():
 
 WRITER = """
 import sys, numpy as np
-from episodelake.diskcache import DiskCache
+from episodelake.storage.diskcache import DiskCache
 cache = DiskCache(sys.argv[1], int(sys.argv[2]))
 for i in range(int(sys.argv[3])):
     key = f"k{i}"

@@ -180,7 +180,7 @@ def test_python_snippets_run_and_print_what_they_say(doc, tmp_path):
 def test_demo_command(tmp_path, capsys):
     """The demo's data is the environment's: every episode replays exactly from its seed and actions."""
     import episodelake as el
-    from episodelake.cli import main
+    from episodelake.cli.main import main
 
     assert main(["demo", str(tmp_path / "demo"), "--episodes", "12"]) == 0
     out = capsys.readouterr().out

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import episodelake as el
-from episodelake import errors
+from episodelake.core import errors
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "errors.md"
 

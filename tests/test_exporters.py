@@ -15,10 +15,12 @@ import pyarrow.parquet as pq
 import pytest
 
 import episodelake as el
-from episodelake import cli, exporters, progress
+from episodelake import cli
+from episodelake.core import progress
+from episodelake.exporters import formats as exporters
 from episodelake.importers import import_dataset
 from episodelake.integrations.gymnasium import RecordEpisodes
-from episodelake.plots import episode_histograms
+from episodelake.integrations.plots import episode_histograms
 
 from .test_gym_recording import flat
 

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 import episodelake as el
 from episodelake import cli
-from episodelake.importers import action_out_episode, import_dataset
+from episodelake.importers import import_dataset
+from episodelake.importers.common import action_out_episode
 from episodelake.importers.d4rl import episode_bounds
 
 from .test_gym_recording import flat

@@ -30,9 +30,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import episodelake as el
-from episodelake.errors import ArgumentError, DatasetExistsError, SchemaError, ValidationError
+from episodelake.core.errors import ArgumentError, DatasetExistsError, SchemaError, ValidationError
+from episodelake.exporters.lerobot import to_lerobot
 from episodelake.importers import import_dataset
-from episodelake.lerobot_export import to_lerobot
 
 av = pytest.importorskip("av")
 

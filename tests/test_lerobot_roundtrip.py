@@ -17,10 +17,10 @@ import pyarrow.parquet as pq
 import pytest
 
 import episodelake as el
-from episodelake.errors import ValidationError
+from episodelake.core.errors import ValidationError
+from episodelake.exporters.lerobot import to_lerobot
 from episodelake.importers import import_dataset
-from episodelake.lerobot_export import to_lerobot
-from episodelake.tensors import tensors_size
+from episodelake.storage.tensors import tensors_size
 
 pytest.importorskip("av")
 

@@ -332,7 +332,7 @@ def test_changes_see_evictions_and_reject_bad_versions(tmp_path):
 
 
 def test_changes_read_only_the_files_that_differ(tmp_path, monkeypatch):
-    from episodelake import table
+    from episodelake.storage import table
 
     ds = el.Dataset.create(build_schema(), str(tmp_path / "ds"))
     rng = np.random.default_rng(2)

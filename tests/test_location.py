@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import episodelake as el
-from episodelake.location import resolve
+from episodelake.storage.location import resolve
 
 S3_OPTS = {"key": "AKIA-one", "secret": "s3cr3t", "endpoint_url": "http://127.0.0.1:9000"}
 

@@ -15,7 +15,7 @@ import os
 import numpy as np
 
 import episodelake as el
-from episodelake.cli import main
+from episodelake.cli.main import main
 
 from .test_bad_input import tree_digest
 from .test_crash import ForkServer, unreferenced_parquet

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from scipy import stats
 
 import episodelake as el
-from episodelake.sumtree import SumTree
+from episodelake.sampling.sumtree import SumTree
 
 ALPHA, BETA = 0.7, 0.5
 P_MIN = 1e-4  # a seeded chi-square p-value below this means the distribution is wrong

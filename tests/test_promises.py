@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 import episodelake as el
-from episodelake.cli import main
-from episodelake.table import join_compactions
+from episodelake.cli.main import main
+from episodelake.storage.table import join_compactions
 
 from .conftest import robot_schema
 from .reference import RawEpisode, random_episode

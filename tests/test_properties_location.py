@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import episodelake as el
-from episodelake.location import REDACTED, StorageTimeouts, redact, resolve
+from episodelake.storage.location import REDACTED, StorageTimeouts, redact, resolve
 
 # option name -> is its value a credential (by the documented rule, written out by hand)
 NAMES = {

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import episodelake as el
-from episodelake.samplers import PrioritizedSampler
+from episodelake.sampling.samplers import PrioritizedSampler
 
 from .reference import random_episode
 

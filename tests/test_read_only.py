@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import episodelake as el
-from episodelake.cli import main
+from episodelake.cli.main import main
 
 from .conftest import build_robot_dataset, robot_schema
 from .reference import random_episode

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import episodelake as el
-from episodelake import exporters
+from episodelake.exporters import formats as exporters
 
 from .workers.common import assert_all_match, crash_schema, episode, write_stepwise
 

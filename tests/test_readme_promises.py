@@ -21,8 +21,8 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 import episodelake as el
-from episodelake import table
-from episodelake.cli import build_parser, main
+from episodelake.cli.main import build_parser, main
+from episodelake.storage import table
 
 from .conftest import build_robot_dataset, robot_schema
 from .reference import random_episode

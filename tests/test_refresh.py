@@ -19,9 +19,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import episodelake as el
-from episodelake import layout
-from episodelake import table as table_mod
-from episodelake.growable import append_rows
+from episodelake.core.growable import append_rows
+from episodelake.storage import layout
+from episodelake.storage import table as table_mod
 
 L = 2
 ALPHA = 0.5
@@ -234,7 +234,7 @@ def test_a_compaction_running_at_exit_is_joined(tmp_path):
         sys.path.insert(0, {str(Path(__file__).parent)!r})
         from test_refresh import schema, write
         import episodelake as el
-        from episodelake.table import COMPACT_EVERY
+        from episodelake.storage.table import COMPACT_EVERY
         ds = el.Dataset.create(schema(), {str(tmp_path / "ds")!r}, commit_episodes=1)
         for k in range(COMPACT_EVERY):
             write(ds, [k])

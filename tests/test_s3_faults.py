@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import episodelake as el
-from episodelake.location import StorageTimeouts
+from episodelake.storage.location import StorageTimeouts
 
 from .conftest import robot_schema
 from .fault_proxy import FaultProxy

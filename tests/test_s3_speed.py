@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 
 import episodelake as el
-from episodelake import fetch
-from episodelake.diskcache import TRAILER
+from episodelake.storage import fetch
+from episodelake.storage.diskcache import TRAILER
 
 from .latency_proxy import LatencyProxy
 from .test_sampling import check_batch, make_dataset, raw_by_id

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import episodelake as el
-from episodelake.segment_index import SegmentIndex
+from episodelake.sampling.segment_index import SegmentIndex
 
 from .conftest import robot_schema
 from .reference import expected_all_obs, expected_segment, random_episode, segment_starts

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import episodelake as el
-from episodelake.batching import reader_for
-from episodelake.transitions import build_transitions
+from episodelake.read.batching import reader_for
+from episodelake.sampling.transitions import build_transitions
 
 from .reference import expected_transition
 from .test_sampling import make_dataset, raw_by_id

@@ -20,9 +20,9 @@ from hypothesis import strategies as st
 
 import episodelake as el
 from episodelake.lineage import describe
-from episodelake.location import REDACTED, redact, resolve
-from episodelake.table import EpisodeTable
-from episodelake.tensors import array_parts, tensor_writers
+from episodelake.storage.location import REDACTED, redact, resolve
+from episodelake.storage.table import EpisodeTable
+from episodelake.storage.tensors import array_parts, tensor_writers
 
 from .conftest import robot_schema
 from .reference import random_episode
@@ -157,7 +157,7 @@ def test_no_output_holds_a_secret_on_s3(s3_server, s3_url, tmp_path, caplog):
 
 @pytest.mark.parametrize("url", ["s3://bucket/ds", "gs://bucket/ds", "/tmp/local-ds"])
 def test_lineage_url_never_carries_credentials(url):
-    from episodelake.location import public_url
+    from episodelake.storage.location import public_url
 
     assert public_url(url) == url
     assert public_url("s3://user:pa55word@bucket/ds") == "s3://bucket/ds"

@@ -16,7 +16,7 @@ import pytest
 import s3fs
 
 import episodelake as el
-from episodelake.location import resolve
+from episodelake.storage.location import resolve
 
 PER_OBJECT = 4096  # bytes allowed per stored object: a zarr.json, a shard index
 CAMERA = (3, 32, 32)

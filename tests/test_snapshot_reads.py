@@ -13,7 +13,7 @@ import pyarrow.fs as pafs
 import pytest
 
 import episodelake as el
-from episodelake.snapshot import Snapshot
+from episodelake.read.snapshot import Snapshot
 
 from .conftest import build_robot_dataset, robot_schema
 from .reference import random_episode

@@ -1,4 +1,4 @@
-"""``ds.sql()`` returns an :class:`~episodelake.query.SQLResult` that behaves the same on every supported DuckDB.
+"""``ds.sql()`` returns an :class:`~episodelake.read.query.SQLResult` that behaves the same on every supported DuckDB.
 
 docs/query.md ("What sql() returns"): DuckDB 1.5 relations stream ``fetchone``,
 DuckDB 2 relations have no ``fetchone`` and re-run on every fetch; the result
@@ -14,7 +14,7 @@ import pyarrow as pa
 import pytest
 
 import episodelake as el
-from episodelake.query import SQLResult
+from episodelake.read.query import SQLResult
 
 from .conftest import build_robot_dataset
 

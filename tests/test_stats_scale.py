@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import episodelake as el
-from episodelake.stats import STAT_PARTS, StatsTable, stat_column
+from episodelake.core.stats import STAT_PARTS, StatsTable, stat_column
 
 from .conftest import build_robot_dataset, robot_schema
 from .reference import random_episode

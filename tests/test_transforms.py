@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import episodelake as el
-from episodelake.transforms import FrameTransform
+from episodelake.core.transforms import FrameTransform
 
 from .test_codecs import camera_schema, episode, smooth_frames, write
 

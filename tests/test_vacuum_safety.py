@@ -29,8 +29,8 @@ from deltalake import DeltaTable
 from deltalake.transaction import AddAction, RemoveAction
 
 import episodelake as el
-from episodelake import layout
-from episodelake.retention import Evictor
+from episodelake.storage import layout
+from episodelake.storage.retention import Evictor
 
 from .test_bad_input import tree_digest
 from .workers.replay import Fifo, check_episode, episode, length_of, live_numbers, schema
@@ -216,8 +216,8 @@ def test_a_commit_whose_response_was_lost_is_not_committed_again(tmp_path):
     episodes were there twice. Here another handle lands the very rows first,
     exactly as the lost attempt did.
     """
-    from episodelake.location import resolve
-    from episodelake.table import EpisodeTable
+    from episodelake.storage.location import resolve
+    from episodelake.storage.table import EpisodeTable
 
     path = str(tmp_path / "ds")
     ds = el.Dataset.create(schema(), path, commit_episodes=10**6)
@@ -237,7 +237,7 @@ def test_a_commit_whose_response_was_lost_is_not_committed_again(tmp_path):
 
 
 def test_a_failed_background_compaction_warns_once_and_the_next_compact_raises_it(tmp_path, monkeypatch):
-    from episodelake import table as table_mod
+    from episodelake.storage import table as table_mod
 
     monkeypatch.setattr(table_mod, "COMPACT_EVERY", 3)
     path = str(tmp_path / "ds")

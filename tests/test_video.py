@@ -15,10 +15,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import episodelake as el
-from episodelake import codecs
-from episodelake.location import resolve
-from episodelake.store import Store
-from episodelake.tensors import tensors_size
+from episodelake.core import codecs
+from episodelake.storage.location import resolve
+from episodelake.storage.store import Store
+from episodelake.storage.tensors import tensors_size
 
 from .test_codecs import camera_schema, episode, frames_of, smooth_frames, write
 

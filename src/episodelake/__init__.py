@@ -4,10 +4,8 @@ Delta Lake episode table + Zarr v3 tensors (TensorStore) + DuckDB SQL + a
 transition-aligned sampler. ``import episodelake as el``.
 """
 
-from .batch import SegmentBatch as Batch
 from .concat import concat
-from .dataset import Dataset, DatasetView, EpisodeRef
-from .errors import (
+from .core.errors import (
     ArgumentError,
     CommitConflictError,
     CorruptionError,
@@ -26,14 +24,16 @@ from .errors import (
     StreamStoppedError,
     ValidationError,
 )
+from .core.schema import DatasetSchema, FieldSpec, infer_schema, schema_from_gym_spaces
+from .core.segments import RoleView, Segment
+from .core.transforms import FrameTransform
+from .dataset import Dataset, DatasetView, EpisodeRef
 from .lineage import load_state, save_state, stream_from_state
-from .location import StorageTimeouts
-from .retention import Capacity
-from .samplers import PrioritizedSampler
-from .schema import DatasetSchema, FieldSpec, infer_schema, schema_from_gym_spaces
-from .segments import RoleView, Segment
-from .transforms import FrameTransform
-from .writer import EpisodeWriter, VectorEpisodeWriter
+from .sampling.batch import SegmentBatch as Batch
+from .sampling.samplers import PrioritizedSampler
+from .storage.location import StorageTimeouts
+from .storage.retention import Capacity
+from .write.writer import EpisodeWriter, VectorEpisodeWriter
 
 __version__ = "0.3.0"
 

@@ -31,15 +31,15 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from .batch import SegmentBatch, Transitions
+from .core.errors import ArgumentError, QueryError, SchemaError
+from .core.schema import DatasetSchema
 from .dataset import Dataset, DatasetView, EpisodeCollection, EpisodeRef
-from .errors import ArgumentError, QueryError, SchemaError
-from .query import column_numpy, database
-from .schema import DatasetSchema
-from .segment_index import check_positive, check_seed
-from .selection import select
-from .stream import SegmentStream
-from .trajectories import TrajectoryStream, check_probs, fresh_seed, join_items, to_numpy
+from .read.query import column_numpy, database
+from .read.selection import select
+from .sampling.batch import SegmentBatch, Transitions
+from .sampling.segment_index import check_positive, check_seed
+from .sampling.stream import SegmentStream
+from .sampling.trajectories import TrajectoryStream, check_probs, fresh_seed, join_items, to_numpy
 
 SOURCE = "source"
 STATE_FORMAT = 1

@@ -23,33 +23,33 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .bulk import append as bulk_append
-from .checks import episode_from_dict
-from .commit import CommitSink
-from .copy import KEEP
-from .episode import python_meta, rows_for
-from .errors import ArgumentError, ReadOnlyError
-from .faults import storage_fault
-from .location import Location, resolve
-from .retention import Capacity, check_ids
-from .schema import DatasetSchema, FieldSpec, infer_schema
-from .segments import Segment
-from .snapshot import ScanBase, Snapshot
-from .store import Store
-from .writer import EpisodeWriter, VectorEpisodeWriter
+from .core.checks import episode_from_dict
+from .core.episode import python_meta, rows_for
+from .core.errors import ArgumentError, ReadOnlyError
+from .core.schema import DatasetSchema, FieldSpec, infer_schema
+from .core.segments import Segment
+from .ops.copy import KEEP
+from .read.snapshot import ScanBase, Snapshot
+from .storage.faults import storage_fault
+from .storage.location import Location, resolve
+from .storage.retention import Capacity, check_ids
+from .storage.store import Store
+from .write.bulk import append as bulk_append
+from .write.commit import CommitSink
+from .write.writer import EpisodeWriter, VectorEpisodeWriter
 
 if TYPE_CHECKING:
     import pyarrow as pa
     from numpy.typing import ArrayLike
 
-    from .batch import Transitions
-    from .changes import Changes
-    from .maintenance import VacuumReport, ValidationReport
-    from .query import SQLResult
-    from .samplers import Sampler
-    from .segment_dataset import SegmentDataset
-    from .stream import SegmentStream
-    from .trajectories import TrajectoryStream
+    from .ops.maintenance import VacuumReport, ValidationReport
+    from .read.changes import Changes
+    from .read.query import SQLResult
+    from .sampling.batch import Transitions
+    from .sampling.samplers import Sampler
+    from .sampling.segment_dataset import SegmentDataset
+    from .sampling.stream import SegmentStream
+    from .sampling.trajectories import TrajectoryStream
 
 WRITER_OPTIONS = ("commit_episodes", "commit_bytes", "commit_seconds")
 
@@ -189,31 +189,31 @@ class EpisodeCollection:
         without a result); ``params`` fills ``?``/``$name`` placeholders;
         ``sandbox=True`` for untrusted text: one SELECT reading nothing but the views.
         """
-        from .query import run_sql
+        from .read.query import run_sql
 
         return run_sql(self, query, params, sandbox)
 
     def sql_arrow(self, query: str, params: Any = None, sandbox: bool = False) -> pa.Table:
         """:meth:`sql` fetched as a ``pyarrow.Table``."""
-        from .query import sql_arrow
+        from .read.query import sql_arrow
 
         return sql_arrow(self, query, params, sandbox)
 
     def sql_numpy(self, query: str, params: Any = None, sandbox: bool = False) -> dict[str, np.ndarray]:
         """:meth:`sql` fetched as NumPy columns (uniform list columns become array axes)."""
-        from .query import sql_numpy
+        from .read.query import sql_numpy
 
         return sql_numpy(self, query, params, sandbox)
 
     def where(self, predicate: str, params: Any = None) -> DatasetView:
         """Episodes matching a SQL predicate over the ``episodes`` view; ``params`` binds its ``?``/``$name``."""
-        from .query import where
+        from .read.query import where
 
         return self._chosen(self._view(*where(self, predicate, params)), "where", predicate, params)
 
     def select_episodes(self, query: str, params: Any = None) -> DatasetView:
         """Episodes whose ``episode_id`` a SQL query returns; ``params`` binds its ``?``/``$name``."""
-        from .query import select_episodes
+        from .read.query import select_episodes
 
         return self._chosen(self._view(*select_episodes(self, query, params)), "select_episodes", query, params)
 
@@ -225,7 +225,7 @@ class EpisodeCollection:
 
     def stats(self, fields: Iterable[str] | None = None) -> dict[str, Any]:
         """Mean/std/min/max per numeric field (and return/length), from the commit-time statistics."""
-        from .query import stats
+        from .read.query import stats
 
         return stats(self, fields)
 
@@ -251,7 +251,7 @@ class EpisodeCollection:
         (crop/resize/normalize/layout on decode) or a callable on the batch array.
         See :class:`segment_dataset.SegmentDataset`.
         """
-        from .segment_dataset import SegmentDataset
+        from .sampling.segment_dataset import SegmentDataset
 
         return SegmentDataset(
             self, sequence_length, pad=pad, stride=stride, where=where, filter=filter, shard=shard, transform=transform
@@ -292,7 +292,7 @@ class EpisodeCollection:
         ``follow=True`` takes in newly committed episodes before each batch
         (``stream.refresh()``); ``transform=`` per field: see :meth:`segments`.
         """
-        from .stream import SegmentStream
+        from .sampling.stream import SegmentStream
 
         return SegmentStream(
             self,
@@ -349,7 +349,7 @@ class EpisodeCollection:
         as ``sampler=`` to update priorities across calls; ``transform=``
         per field: see :meth:`segments`. See :func:`transitions.sample_transitions`.
         """
-        from .transitions import sample_transitions
+        from .sampling.transitions import sample_transitions
 
         return sample_transitions(
             self,
@@ -381,7 +381,7 @@ class EpisodeCollection:
         ``terminated``, ``truncated``, ``meta/<name>`` and ``meta_mask/<name>``
         per episode. See :func:`trajectories.to_numpy`.
         """
-        from .trajectories import to_numpy
+        from .sampling.trajectories import to_numpy
 
         return to_numpy(self.snapshot(), self.positions, pad=bool(pad))
 
@@ -403,8 +403,8 @@ class EpisodeCollection:
         ``shuffle=False`` make finite passes; ``state_dict()`` resumes. See
         :class:`trajectories.TrajectoryStream`.
         """
-        from .selection import select
-        from .trajectories import TrajectoryStream
+        from .read.selection import select
+        from .sampling.trajectories import TrajectoryStream
 
         snap, positions = select(self, where, filter)
         return TrajectoryStream(
@@ -439,7 +439,7 @@ class EpisodeCollection:
         ``codecs`` re-encodes fields with lossy codecs (``{"observation/camera":
         ("jpeg", 90)}``; ``None``: lossless). See :func:`copy.copy_to`.
         """
-        from .copy import copy_to
+        from .ops.copy import copy_to
 
         copied = copy_to(
             self._origin._store,
@@ -470,7 +470,7 @@ class EpisodeCollection:
         ``version`` reads that table version of a Dataset (None: the pinned
         one; a view is pinned, so only its own version is accepted).
         """
-        from .ray_data import episodes_to_ray
+        from .sampling.ray_data import episodes_to_ray
 
         collection: EpisodeCollection = self
         if version is not None and version != self.snapshot().version:
@@ -489,7 +489,7 @@ class EpisodeCollection:
         ``shuffle``, ``pad``, ``stride``, ``where``, ``drop_last``,
         ``shard_policy``, ``concurrency``: see :func:`ray_data.segments_to_ray`.
         """
-        from .ray_data import segments_to_ray
+        from .sampling.ray_data import segments_to_ray
 
         return segments_to_ray(self, sequence_length=sequence_length, batch_size=batch_size, seed=seed, **options)
 
@@ -537,7 +537,7 @@ class Dataset(EpisodeCollection):
         self._scan_base: ScanBase | None = None  # what the snapshot a commit replaced leaves the next one
         store.on_commit(self._on_commit)
         if store.capacity is not None and store.location.is_local and not store.read_only:
-            from .maintenance import AutoVacuum
+            from .ops.maintenance import AutoVacuum
 
             self._auto_vacuum = AutoVacuum(store)  # reclaims evicted tensors every capacity.vacuum_every commits
 
@@ -602,7 +602,7 @@ class Dataset(EpisodeCollection):
                 raise
             raise err from exc
         if schema.derived_fields:
-            from .derived import declare
+            from .write.derived import declare
 
             declare(store, store.schema, schema.derived_fields)
         return cls(
@@ -844,7 +844,7 @@ class Dataset(EpisodeCollection):
         arrays) until :meth:`update` sets them. A key that is already a field
         raises :class:`SchemaError`; declaring a column again changes nothing.
         """
-        from .derived import declare
+        from .write.derived import declare
 
         self._check_writable()
         if not specs:
@@ -872,7 +872,7 @@ class Dataset(EpisodeCollection):
         update by another process either lands too or raises
         :class:`~episodelake.errors.CommitConflictError`.
         """
-        from .derived import encode, write
+        from .write.derived import encode, write
 
         self._check_writable()
         if episode_ids is not None and where is not None:
@@ -952,7 +952,7 @@ class Dataset(EpisodeCollection):
         data files, reading only the files that differ; see :mod:`.changes`.
         Returns sorted episode-id arrays ``added``, ``removed``, ``updated``.
         """
-        from .changes import changes
+        from .read.changes import changes
 
         self.snapshot()  # read-your-writes: this object's finished episodes are committed first
         return changes(self._store, since_version)
@@ -969,7 +969,7 @@ class Dataset(EpisodeCollection):
         Returns a report (``report.ok``, ``report.problems``); ``report.raise_if_failed()``
         turns problems into a :class:`CorruptionError`. Writes nothing.
         """
-        from .maintenance import validate
+        from .ops.maintenance import validate
 
         self.snapshot()  # read-your-writes: audit the version holding this object's finished episodes
         return validate(self._store, tensors=tensors)
@@ -986,7 +986,7 @@ class Dataset(EpisodeCollection):
         (:class:`ArgumentError` otherwise): time travel to the versions it
         drops, and readers pinned to them, then fail.
         """
-        from .maintenance import DEFAULT_RETENTION_HOURS, vacuum
+        from .ops.maintenance import DEFAULT_RETENTION_HOURS, vacuum
 
         hours = DEFAULT_RETENTION_HOURS if retention_hours is None else retention_hours
         return vacuum(self._store, dry_run=dry_run, retention_hours=hours, break_old_versions=break_old_versions)

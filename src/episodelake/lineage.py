@@ -24,10 +24,10 @@ from typing import Any
 
 import numpy as np
 
+from .core.errors import ArgumentError
+from .core.transforms import FrameTransform
 from .dataset import Dataset, EpisodeCollection
-from .errors import ArgumentError
-from .stream import SegmentStream
-from .transforms import FrameTransform
+from .sampling.stream import SegmentStream
 
 ARRAY_TAG = "__ndarray__"
 # segment_stream arguments that cannot travel as JSON: a state records {"given": kind} and the caller passes them

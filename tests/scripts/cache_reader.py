@@ -18,7 +18,7 @@ import zlib
 import numpy as np
 
 import episodelake as el
-from episodelake import fetch
+from episodelake.storage import fetch
 
 
 def main() -> None:

@@ -30,7 +30,7 @@ import sys
 from tests.workers.common import crash_schema, episode, write_stepwise
 
 import episodelake as el
-from episodelake import table
+from episodelake.storage import table
 
 DS = None  # --holder global keeps the dataset here until exit
 

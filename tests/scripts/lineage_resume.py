@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 import episodelake as el
-from episodelake.transforms import FrameTransform
+from episodelake.core.transforms import FrameTransform
 
 # case -> (selection steps applied to the dataset, segment_stream arguments)
 CASES: dict[str, tuple[list[tuple[str, str, Any]], dict[str, Any]]] = {

@@ -35,7 +35,7 @@ import sys
 import threading
 
 import episodelake as el
-from episodelake import table, tensors
+from episodelake.storage import table, tensors
 
 from .common import episode, write_stepwise
 

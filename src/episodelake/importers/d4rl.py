@@ -10,7 +10,7 @@ ignored.
 
 Episodes end at every row where ``terminals`` or ``timeouts`` is set (rows
 after the last such row form one more episode, ended with neither flag).
-Each is converted by :func:`episodelake.importers.action_out_episode`: with
+Each is converted by :func:`episodelake.importers.common.action_out_episode`: with
 ``next_observations`` every row is a transition. Without them a terminal
 episode keeps every transition (its final observation row repeats the last
 recorded one: a terminal next observation is never bootstrapped from), and a
@@ -29,10 +29,10 @@ from typing import Any
 
 import numpy as np
 
+from ..core.errors import ArgumentError, ValidationError
+from ..core.schema import DatasetSchema
 from ..dataset import Dataset
-from ..errors import ArgumentError, ValidationError
-from ..schema import DatasetSchema
-from . import SOURCE_EPISODE, action_out_episode, fields_from_arrays, kept_transitions, write_import
+from .common import SOURCE_EPISODE, action_out_episode, fields_from_arrays, kept_transitions, write_import
 
 ROLE_KEYS = {"observations": "observation", "actions": "action", "rewards": "reward"}
 

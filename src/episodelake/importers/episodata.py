@@ -17,10 +17,10 @@ from typing import Any
 
 import numpy as np
 
+from ..core.errors import SchemaError
+from ..core.schema import DatasetSchema, FieldSpec
 from ..dataset import Dataset
-from ..errors import SchemaError
-from ..schema import DatasetSchema, FieldSpec
-from . import SOURCE_EPISODE, write_import
+from .common import SOURCE_EPISODE, write_import
 
 ROLES = {"observation": "observation", "action": "action", "reward": "reward", "info": "extra"}
 

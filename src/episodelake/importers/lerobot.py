@@ -11,7 +11,7 @@ their ``task_index``), ``meta/episodes/chunk-*/file-*.parquet`` (per episode:
 Frames are action-out: frame ``t`` holds the observation at which action
 ``t`` was taken, ``next.reward``/``next.done`` what that action produced. An
 episode of ``n`` frames imports as by
-:func:`episodelake.importers.action_out_episode`: ``next.done`` set on its last
+:func:`episodelake.importers.common.action_out_episode`: ``next.done`` set on its last
 frame makes it terminated with all ``n`` transitions (the final observation
 row repeats frame ``n - 1``); otherwise it keeps ``n - 1`` transitions, every
 frame's observation, and drops the last frame's action (nothing recorded what
@@ -66,10 +66,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from ..core.errors import ArgumentError, SchemaError, ValidationError
+from ..core.schema import DatasetSchema, FieldSpec
 from ..dataset import Dataset
-from ..errors import ArgumentError, SchemaError, ValidationError
-from ..schema import DatasetSchema, FieldSpec
-from . import SOURCE_EPISODE, action_out_episode, write_import
+from .common import SOURCE_EPISODE, action_out_episode, write_import
 
 RECORD = "episodelake"  # info.json entry written by to_lerobot: {"fields": {key: spec}, "meta": {name: spec}}
 META_COLUMN = RECORD + "/{name}"  # a meta field's column in meta/episodes (apart from LeRobot's meta/...)

@@ -10,7 +10,7 @@ Which slots: every slot with ``episode_lens > 0``, oldest first (a circular
 buffer that wrapped starts at ``episode_index``), except the slot being
 written (``timestep_index > 0``), which is not a finished episode. Slots are
 action-out runs (``state[t]`` is where ``action[t]`` was taken), converted by
-:func:`episodelake.importers.action_out_episode`; without a next-observation
+:func:`episodelake.importers.common.action_out_episode`; without a next-observation
 field each episode keeps ``len - 1`` transitions.
 
 Roles default by field name, and every argument overrides them:
@@ -30,10 +30,10 @@ from typing import Any
 
 import numpy as np
 
+from ..core.errors import ArgumentError, ValidationError
+from ..core.schema import DatasetSchema
 from ..dataset import Dataset
-from ..errors import ArgumentError, ValidationError
-from ..schema import DatasetSchema
-from . import SOURCE_EPISODE, action_out_episode, fields_from_arrays, write_import
+from .common import SOURCE_EPISODE, action_out_episode, fields_from_arrays, write_import
 
 INTERNAL_META = ("episode_lens", "_initted")
 TERMINATED_NAMES = ("terminated", "terminal", "done", "dones")

@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
+from ..core.schema import DatasetSchema, FieldSpec, flatten_role, schema_from_gym_spaces
 from ..dataset import Dataset
-from ..schema import DatasetSchema, FieldSpec, flatten_role, schema_from_gym_spaces
-from . import SOURCE_EPISODE, fields_from_arrays, write_import
+from .common import SOURCE_EPISODE, fields_from_arrays, write_import
 
 SEED = FieldSpec("seed", (), "uint64", role="meta", description="seed of env.reset, as Minari recorded it")
 

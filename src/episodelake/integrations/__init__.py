@@ -1,1 +1,5 @@
-"""Optional integrations (Gymnasium, torch, TensorDict, JAX); each module imports its peer lazily."""
+"""Optional integrations (Gymnasium, torch, TensorDict, JAX, matplotlib); each module imports its peer
+lazily.
+
+May import: the façade (``episodelake.dataset``) and every folder below it.
+"""

@@ -41,12 +41,12 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv, VectorWrapper
 
+from ..core.errors import ArgumentError, DatasetExistsError, EpisodeStateError, SchemaError, ValidationError
+from ..core.schema import DatasetSchema, FieldSpec, schema_from_gym_spaces
 from ..dataset import Dataset
-from ..errors import ArgumentError, DatasetExistsError, EpisodeStateError, SchemaError, ValidationError
-from ..layout import DESCRIPTOR
-from ..location import resolve
-from ..schema import DatasetSchema, FieldSpec, schema_from_gym_spaces
-from ..writer import EpisodeWriter, VectorEpisodeWriter
+from ..storage.layout import DESCRIPTOR
+from ..storage.location import resolve
+from ..write.writer import EpisodeWriter, VectorEpisodeWriter
 
 Meta = Mapping[str, Any] | Callable[[dict[str, Any]], Mapping[str, Any]] | None
 

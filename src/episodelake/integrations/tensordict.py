@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ..segments import RoleView
+from ..core.segments import RoleView
 from .torch import to_torch
 
 

@@ -39,6 +39,6 @@ def to_torch(batch: Any, device: Any = None, non_blocking: bool = False, pin_mem
 
 def collate_to_torch(items: Any) -> Any:
     """A DataLoader ``collate_fn``: :func:`episodelake.batch.collate`, then :func:`to_torch` (shared memory)."""
-    from ..batch import collate
+    from ..sampling.batch import collate
 
     return to_torch(collate(items))

@@ -1,0 +1,543 @@
+"""The ``episodelake`` command line.
+
+Each subcommand is a function ``cmd_<name>(args) -> int`` registered in
+:func:`build_parser`; output goes to stdout, ``--json`` where a script wants it.
+Every command that reads or writes a dataset takes its storage options as JSON
+(``--options``; ``copy``: ``--src-options`` / ``--dst-options``).
+
+Exit status: 0 on success, 1 on an error (one line ``episodelake: error: ...``
+on stderr, a raw storage error in the words of :func:`faults.storage_fault`,
+and how to pass credentials when object storage found none or refused them;
+``--debug`` raises it with its traceback instead) and when
+``validate`` finds a problem, 2 for a command line that does not parse, 130 on
+Ctrl-C and 141 (128 + SIGPIPE, as for coreutils) when the reader of stdout
+went away (``episodelake info X | head -4``), quietly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import json
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+EXIT_ERROR = 1
+EXIT_INTERRUPTED = 130
+EXIT_CLOSED_PIPE = 141
+
+
+def _json_options(text: str) -> dict[str, Any]:
+    """An ``--options`` value: a JSON object of storage options."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    run_demo(args.path, episodes=args.episodes, seed=args.seed, storage_options=args.options, overwrite=args.overwrite)
+    return 0
+
+
+def cmd_copy(args: argparse.Namespace) -> int:
+    from ..dataset import Dataset
+
+    src = Dataset.open(args.src, args.version, storage_options=args.src_options, read_only=True)
+    collection = src.where(args.where) if args.where else src
+    options = {}
+    if args.chunk_rows is not None:
+        options["chunk_rows"] = args.chunk_rows
+    if args.compression is not None:
+        options["compression"] = None if args.compression == "none" else args.compression
+    progress = False if args.quiet else None
+    copy = collection.copy_to(args.dst, args.dst_options, overwrite=args.overwrite, progress=progress, **options)
+    print(f"copied {len(copy)} episodes ({copy.num_steps} steps) to {copy.location.url}, verified")
+    return 0
+
+
+def _csv(value: str | None) -> list[str] | None:
+    return None if value is None else [v for v in value.split(",") if v]
+
+
+_MEMMAP_ROLES = {"observations", "actions", "rewards", "terminated", "truncated", "next_observations", "extras"}
+_IMPORT_OPTIONS = {
+    "minari": {"infos"},
+    "d4rl": {"strict"},
+    "memmap-replay": {"strict", *_MEMMAP_ROLES},
+    "episodata": set(),
+    "lerobot": set(),
+}
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from ..importers import import_dataset
+
+    options: dict = {"progress": False if args.quiet else None, "overwrite": args.overwrite}
+    if args.options:
+        options["storage_options"] = args.options
+    if args.lenient:
+        options["strict"] = False
+    if args.no_infos:
+        options["infos"] = False
+    for name in ("observations", "actions", "extras"):
+        if getattr(args, name) is not None:
+            options[name] = _csv(getattr(args, name))
+    for name in ("rewards", "terminated", "truncated"):
+        if getattr(args, name) is not None:
+            options[name] = getattr(args, name)
+    if args.next_observations is not None:
+        options["next_observations"] = dict(pair.split("=", 1) for pair in _csv(args.next_observations) or [])
+    allowed = _IMPORT_OPTIONS[args.format] | {"progress", "overwrite", "storage_options"}
+    if set(options) - allowed:
+        args.parser.error(f"option(s) {sorted(set(options) - allowed)} do not apply to {args.format}")
+    ds = import_dataset(args.format, args.src, args.dst, **options)
+    print(f"imported {len(ds)} episodes ({ds.num_steps} steps) from {args.format} {args.src} to {ds.location.url}")
+    skipped = ds.info.get("source", {}).get("skipped_episodes")
+    if skipped:
+        print(f"skipped {len(skipped)} source episode(s) with no transition to keep: {skipped[:10]}")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from ..exporters import formats as exporters
+
+    src = _open_read_only(args, args.src)
+    collection = src.where(args.where) if args.where else src
+    if args.format == "minari":
+        exporters.to_minari(collection, args.dst, args.dataset_id, progress=False if args.quiet else None)
+    elif args.format == "lerobot":
+        from ..exporters.lerobot import to_lerobot
+
+        to_lerobot(collection, args.dst, fps=args.fps, vcodec=args.vcodec, progress=False if args.quiet else None)
+    elif args.format == "parquet":
+        exporters.to_parquet(collection, args.dst)
+    else:
+        exporters.to_arrow_file(collection, args.dst)
+    print(f"exported {len(collection)} episodes to {args.format} {args.dst}")
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    """Audit a dataset; exit status 1 when a problem was found."""
+    ds = _open_read_only(args)
+    report = ds.validate(tensors=not args.no_tensors)
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2))
+    else:
+        print(
+            f"{report.url} version {report.version}: {report.episodes} episodes, {report.steps} steps, "
+            f"{report.table_files} table files, {report.log_entries} log entries, {report.tensor_rows} tensor rows"
+        )
+        for problem in report.problems:
+            print(f"  {problem}")
+        print("OK" if report.ok else f"{len(report.problems)} problem(s)")
+    return 0 if report.ok else 1
+
+
+def cmd_vacuum(args: argparse.Namespace) -> int:
+    """Remove unreferenced table files and crash leftovers (``--dry-run`` lists them)."""
+    from ..dataset import Dataset
+
+    ds = Dataset.open(args.path, storage_options=args.options, read_only=args.dry_run)
+    report = ds.vacuum(
+        dry_run=args.dry_run, retention_hours=args.retention_hours, break_old_versions=args.break_old_versions
+    )
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2))
+        return 0
+    verb = "would remove" if report.dry_run else "removed"
+    for path in report.table_files + report.tensor_arrays + report.temp_files:
+        print(f"{verb} {path}")
+    for t in report.truncated:
+        print(f"{verb} rows [{t['kept']}, {t['rows']}) of {t['array']}")
+    print(
+        f"{verb} {len(report.table_files)} table files, {len(report.tensor_arrays)} tensor arrays, "
+        f"{len(report.truncated)} array tails; {report.unreferenced_rows} unreferenced rows "
+        f"({report.unreclaimed_rows} cannot be reclaimed)"
+    )
+    return 0
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    """Remove the episodes matching ``--where`` (or every episode with ``--all``) in one commit."""
+    from ..dataset import Dataset
+
+    if (args.where is None) == (not args.all):
+        args.parser.error("give --where PREDICATE or --all, exactly one")
+    ds = Dataset.open(args.path, storage_options=args.options)
+    removed = ds.clear() if args.all else ds.delete(where=args.where)
+    if args.json:
+        print(json.dumps({"deleted": removed, "version": ds.version}))
+    else:
+        print(f"deleted {removed} episodes; version {ds.version} (older versions keep them until vacuum)")
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from ..integrations.plots import episode_histograms
+
+    src = _open_read_only(args)
+    collection = src.where(args.where) if args.where else src
+    episode_histograms(collection, args.out, bins=args.bins)
+    print(f"wrote return/length histograms of {len(collection)} episodes to {args.out}")
+    return 0
+
+
+def _print_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
+    """Rows as aligned text columns (numbers right-aligned)."""
+    cells = [[str(h) for h in header]] + [["NULL" if v is None else str(v) for v in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    numeric = [all(isinstance(row[i], int | float) for row in rows if row[i] is not None) for i in range(len(header))]
+    for n, row in enumerate(cells):
+        padded = [
+            c.rjust(w) if numeric[i] and n else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        ]
+        print("  ".join(padded).rstrip())
+        if n == 0:
+            print("  ".join("-" * w for w in widths))
+
+
+def _print_json(value: object) -> None:
+    from decimal import Decimal
+
+    def plain(v: object) -> object:  # DuckDB sums of BIGINT are HUGEINT, i.e. Decimal in Arrow
+        if isinstance(v, Decimal):
+            return int(v) if v == v.to_integral_value() else float(v)
+        return str(v)
+
+    print(json.dumps(value, indent=2, default=plain))
+
+
+def _open_read_only(args: argparse.Namespace, path: str | None = None):
+    """The dataset at ``path`` (default ``args.path``), pinned to ``--version``, opened with ``--options``."""
+    from ..dataset import Dataset
+
+    return Dataset.open(path or args.path, args.version, storage_options=args.options, read_only=True)
+
+
+def _stored_in(f) -> str:
+    return "meta" if f.role == "meta" else ("tensor" if f.in_tensor else "table")
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    """Schema, counts, versions and size of a dataset."""
+    from ..storage.table import EpisodeTable
+    from ..storage.tensors import tensors_size
+
+    ds = _open_read_only(args)
+    # history() of a dataset pinned to --version ends at that version: the latest is the table's own
+    latest = ds.version if args.version is None else EpisodeTable.open(ds.location).version
+    adds = ds._store.table.add_actions()
+    table_bytes = sum(add["size_bytes"] for add in adds)
+    tensor_bytes = tensors_size(ds.location)
+    info = {
+        "url": ds.location.url,
+        "version": ds.version,
+        "latest_version": latest,
+        "episodes": len(ds),
+        "steps": ds.num_steps,
+        "partition_by": ds.descriptor.get("partition_by", []),
+        "table_files": len(adds),
+        "table_bytes": table_bytes,
+        "tensor_bytes": tensor_bytes,
+        "created_at": ds.descriptor.get("created_at"),
+        "info": ds.info,
+        "schema": [{**f.to_json(), "key": f.key, "storage": _stored_in(f)} for f in ds.schema],
+    }
+    if args.json:
+        _print_json(info)
+        return 0
+    print(f"{info['url']}  version {info['version']} (latest {info['latest_version']})")
+    print(f"{info['episodes']} episodes, {info['steps']} steps, partitioned by {info['partition_by'] or 'nothing'}")
+    print(f"table: {info['table_files']} files, {table_bytes / 1e6:.2f} MB; tensors: {tensor_bytes / 1e6:.2f} MB")
+    _print_table(
+        ["key", "role", "dtype", "shape", "stored in"],
+        [(f["key"], f["role"], f["dtype"], tuple(f["shape"]), f["storage"]) for f in info["schema"]],
+    )
+    return 0
+
+
+def cmd_sql(args: argparse.Namespace) -> int:
+    """Run SQL over the ``episodes`` and ``steps`` views; print a table or JSON rows."""
+    ds = _open_read_only(args)
+    collection = ds.where(args.where) if args.where else ds
+    tbl = collection.sql_arrow(args.query)
+    rows = tbl.to_pylist()
+    if args.json:
+        _print_json(rows)
+        return 0
+    shown = rows if args.max_rows is None else rows[: args.max_rows]
+    _print_table(tbl.column_names, [list(r.values()) for r in shown])
+    print(f"({len(rows)} rows{'' if len(shown) == len(rows) else f', {len(shown)} shown'})")
+    return 0
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    """Mean/std/min/max per field (per channel), episode length and return, optionally of a subset."""
+    import numpy as np
+
+    ds = _open_read_only(args)
+    collection = ds.where(args.where) if args.where else ds
+    stats = collection.stats(_csv(args.fields))
+    if args.plot:
+        from ..integrations.plots import episode_histograms
+
+        episode_histograms(collection, args.plot)
+    if args.json:
+        _print_json({k: {m: np.asarray(v).tolist() for m, v in entry.items()} for k, entry in stats.items()})
+        return 0
+    if args.plot:
+        print(f"wrote return/length histograms to {args.plot}")
+    print(f"{stats['episodes']['count']} episodes" + (f" where {args.where}" if args.where else ""))
+    rows = []
+    for key, entry in stats.items():
+        if key == "episodes":
+            continue
+        means = np.atleast_1d(entry["mean"])
+        for c in range(len(means)):
+            pick = [np.atleast_1d(entry[m])[c] for m in ("mean", "std", "min", "max")]
+            rows.append([key, c if np.ndim(entry["mean"]) else "", entry["count"], *(float(f"{v:.6g}") for v in pick)])
+    _print_table(["quantity", "channel", "count", "mean", "std", "min", "max"], rows)
+    return 0
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    """The table's commit history, newest first."""
+    from datetime import UTC, datetime
+
+    ds = _open_read_only(args)
+    entries = ds.history()
+    if args.json:
+        _print_json(entries)
+        return 0
+    rows = []
+    for h in entries:
+        when = datetime.fromtimestamp(h["timestamp"] / 1e3, UTC).isoformat(timespec="seconds")
+        rows.append([h["version"], when, h["operation"], h.get("episodes_added"), h.get("episodes_removed")])
+    _print_table(["version", "time (UTC)", "operation", "episodes added", "episodes removed"], rows)
+    return 0
+
+
+def cmd_lineage(args: argparse.Namespace) -> int:
+    """What a saved stream state (``el.save_state``) was trained on and where it stands; no dataset is opened."""
+    from ..lineage import describe, lineage_of, load_state
+
+    state = load_state(args.state)
+    if args.json:
+        keys = ("mode", "epoch", "consumed", "finished", "version")
+        _print_json({"lineage": lineage_of(state), "position": {k: state.get(k) for k in keys}})
+        return 0
+    print(describe(state))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="episodelake", description="A lakehouse for RL / robotics episodes.")
+    parser.add_argument("--debug", action="store_true", help="on an error, raise it with its full traceback")
+    # --debug is also accepted after the subcommand; SUPPRESS keeps it from overriding the global flag
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def command(name: str, func: Any, help: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, parents=[common])
+        p.set_defaults(func=func, parser=p)
+        return p
+
+    def options(p: argparse.ArgumentParser, flag: str = "--options", of: str = "the dataset") -> None:
+        p.add_argument(flag, type=_json_options, default={}, help=f"storage options of {of}, as a JSON object")
+
+    p = command("demo", cmd_demo, "collect CartPole episodes, query them with SQL, sample a batch")
+    p.add_argument("path", nargs="?", default="episodelake-demo", help="where to write the demo dataset")
+    options(p)
+    p.add_argument("--episodes", type=int, default=50)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace a dataset at PATH (a previous demo); other files are never touched",
+    )
+
+    p = command("copy", cmd_copy, "copy a dataset between memory, local disk and object storage (verified)")
+    p.add_argument("src", help="source path or URL (s3://bucket/path, gs://..., file://..., a local path)")
+    p.add_argument("dst", help="destination path or URL")
+    options(p, "--src-options", "SRC")
+    options(p, "--dst-options", "DST")
+    p.add_argument("--version", type=int, default=None, help="copy this table version of SRC (default: latest)")
+    p.add_argument("--where", default=None, help="copy only episodes matching this SQL predicate")
+    p.add_argument("--chunk-rows", type=int, default=None, help="rows per tensor chunk in DST")
+    p.add_argument(
+        "--compression",
+        choices=["zstd", "none"],
+        default=None,
+        help="tensor compression in DST (lossless fields; lossy camera codecs keep theirs)",
+    )
+    p.add_argument("--overwrite", action="store_true", help="replace a dataset that exists at DST")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    p = command("import", cmd_import, "import a Minari, D4RL, memmap-replay-buffer, episodata or LeRobot v3 dataset")
+    p.add_argument("format", choices=["minari", "d4rl", "memmap-replay", "episodata", "lerobot"])
+    p.add_argument(
+        "src", help="source: Minari folder or id, D4RL .hdf5/.npz, replay-buffer folder, episodata path, LeRobot folder"
+    )
+    p.add_argument("dst", help="new episodelake dataset path or URL")
+    options(p, of="DST")
+    p.add_argument("--overwrite", action="store_true", help="replace a dataset that exists at DST")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--lenient", action="store_true", help="d4rl/memmap: accept next observations that differ")
+    p.add_argument("--no-infos", action="store_true", help="minari: skip per-step infos")
+    p.add_argument("--observations", help="memmap-replay: observation fields, comma-separated")
+    p.add_argument("--actions", help="memmap-replay: action fields, comma-separated")
+    p.add_argument("--rewards", help="memmap-replay: the reward field")
+    p.add_argument("--terminated", help="memmap-replay: the terminal-flag field")
+    p.add_argument("--truncated", help="memmap-replay: the truncation-flag field")
+    p.add_argument("--next-observations", help="memmap-replay: obs=next_obs pairs, comma-separated")
+    p.add_argument("--extras", help="memmap-replay: extra per-step fields, comma-separated")
+
+    p = command("export", cmd_export, "export the episode table (parquet, arrow) or the dataset (minari, lerobot)")
+    p.add_argument("format", choices=["parquet", "arrow", "minari", "lerobot"])
+    p.add_argument("src", help="episodelake dataset path or URL")
+    p.add_argument("dst", help="output file (parquet, arrow) or new Minari / LeRobot dataset folder")
+    options(p, of="SRC")
+    p.add_argument("--version", type=int, default=None, help="export this table version (default: latest)")
+    p.add_argument("--where", default=None, help="export only episodes matching this SQL predicate")
+    p.add_argument("--dataset-id", default=None, help="minari: dataset id (default: <folder name>-v0)")
+    p.add_argument("--fps", type=int, default=None, help="lerobot: frames per second (default: the imported one)")
+    p.add_argument("--vcodec", choices=["libsvtav1", "h264"], default="libsvtav1", help="lerobot: video codec")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    p = command("validate", cmd_validate, "audit a dataset: table files, log, lengths, flags, stats, tensor checksums")
+    p.add_argument("path", help="dataset path or URL")
+    p.add_argument("--version", type=int, default=None, help="audit this table version (default: latest)")
+    options(p)
+    p.add_argument("--no-tensors", action="store_true", help="check tensor references only, do not read rows")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+
+    p = command("vacuum", cmd_vacuum, "delete unreferenced table files and tensor data left by crashes")
+    p.add_argument("path", help="dataset path or URL")
+    p.add_argument("--dry-run", action="store_true", help="list what would be deleted, delete nothing")
+    p.add_argument("--retention-hours", type=float, default=168.0, help="keep anything newer (default 168)")
+    p.add_argument(
+        "--break-old-versions",
+        action="store_true",
+        help="allow --retention-hours below 1: versions superseded since then lose their files "
+        "(time travel and readers pinned to them fail)",
+    )
+    options(p)
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+
+    p = command("delete", cmd_delete, "remove episodes matching a SQL predicate, in one commit")
+    p.add_argument("path", help="dataset path or URL")
+    p.add_argument("--where", default=None, help='SQL predicate over the episodes view, e.g. "return < 0"')
+    p.add_argument("--all", action="store_true", help="remove every episode (clear)")
+    options(p)
+    p.add_argument("--json", action="store_true", help='print {"deleted": N, "version": V}')
+
+    p = command("plot", cmd_plot, "write return and length histograms of a dataset to an image (png, svg, pdf)")
+    p.add_argument("path", help="dataset path or URL")
+    p.add_argument("out", help="image file to write")
+    options(p)
+    p.add_argument("--version", type=int, default=None, help="plot this table version (default: latest)")
+    p.add_argument("--where", default=None, help="plot only episodes matching this SQL predicate")
+    p.add_argument("--bins", type=int, default=30)
+
+    def dataset_args(p: argparse.ArgumentParser, json_help: str = "print JSON") -> None:
+        p.add_argument("path", help="dataset path or URL")
+        p.add_argument("--version", type=int, default=None, help="use this table version (default: latest)")
+        options(p)
+        p.add_argument("--json", action="store_true", help=json_help)
+
+    p = command("info", cmd_info, "schema, episode and step counts, versions and size of a dataset")
+    dataset_args(p)
+
+    p = command("sql", cmd_sql, "run SQL over the episodes and steps views")
+    dataset_args(p, "print the rows as a JSON list of objects")
+    p.add_argument("query", help='SQL, e.g. "SELECT task, avg(return) FROM episodes GROUP BY task"')
+    p.add_argument("--where", default=None, help="restrict both views to episodes matching this SQL predicate")
+    p.add_argument("--max-rows", type=int, default=100, help="rows to print in table form (default 100)")
+
+    p = command("stats", cmd_stats, "mean/std/min/max per field and channel, episode length and return")
+    dataset_args(p)
+    p.add_argument("--where", default=None, help="statistics of the episodes matching this SQL predicate")
+    p.add_argument("--fields", default=None, help="field keys, comma-separated (default: all numeric fields)")
+    p.add_argument("--plot", default=None, metavar="OUT.png", help="also write return/length histograms there")
+
+    p = command("history", cmd_history, "the table's commit history (versions for --version / time travel)")
+    dataset_args(p)
+
+    p = command("lineage", cmd_lineage, "what a saved stream state trains on: dataset, version, sampler, position")
+    p.add_argument("state", help="a state file written by el.save_state(stream.state_dict(), path)")
+    p.add_argument("--json", action="store_true", help="print the lineage and position as JSON")
+
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; return its exit status (see the module docstring)."""
+    args = build_parser().parse_args(argv)
+    try:
+        status = args.func(args)
+        sys.stdout.flush()  # buffered output meets a closed pipe here, not at interpreter exit
+        return status
+    except BrokenPipeError:
+        return _closed_pipe()
+    except SystemExit as exc:  # a usage error found after parsing (parser.error): its status, not an exit
+        return exc.code if isinstance(exc.code, int) else EXIT_ERROR
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        print("episodelake: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as exc:
+        if args.debug:
+            raise
+        from ..storage.faults import storage_fault
+
+        error = storage_fault(exc) or exc  # a raw engine error (botocore, deltalake) in the words of a StorageError
+        print(f"episodelake: error: {_one_line(error)}{_storage_hint(args, error)}", file=sys.stderr)
+        return EXIT_ERROR
+
+
+def _storage_hint(args: argparse.Namespace, error: BaseException) -> str:
+    """How to give credentials, when object storage refused or found none (nothing for local paths)."""
+    from ..core.errors import StorageError
+    from ..storage.faults import NO_CREDENTIALS
+
+    if not isinstance(error, StorageError) or error.errno != errno.EACCES:
+        return ""
+    urls = [v for v in vars(args).values() if isinstance(v, str) and "://" in v and not v.startswith("file://")]
+    if NO_CREDENTIALS not in error.message and not urls:
+        return ""
+    flags = "--src-options / --dst-options" if args.command == "copy" else "--options"
+    return (
+        f'; give the storage\'s credentials with {flags} \'{{"key": "...", "secret": "..."}}\' '
+        '(add "endpoint_url" for a server other than AWS) or set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY '
+        "(docs/object-storage.md)"
+    )
+
+
+def _one_line(exc: BaseException) -> str:
+    """The error as one line: episodelake's own errors by message, others prefixed with their type."""
+    from ..core.errors import EpisodeLakeError
+
+    text = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+    if isinstance(exc, EpisodeLakeError) and text:
+        return text
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _closed_pipe() -> int:
+    """The reader of stdout went away: send what is still buffered to /dev/null so exit stays quiet."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return EXIT_CLOSED_PIPE
+

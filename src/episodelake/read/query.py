@@ -1,0 +1,741 @@
+"""SQL over episodes: DuckDB views of a snapshot, where(), select_episodes() and stats().
+
+Every query runs in an in-process DuckDB cursor that sees two views, defined by
+the ``.sql`` files shipped in ``episodelake/sql/``:
+
+* ``episodes``: the snapshot's Delta table as an Arrow dataset (projection and
+  filter pushdown, hive partition pruning), left-joined on ``episode_id``
+  with the snapshot's derived columns (:mod:`derived`; NULL where never set). Storage encodings show through:
+  uint8/16/32 are widened to the next signed int (values are true), uint64 is
+  bit-reinterpreted as int64, float16 is widened to float32 and complex values
+  have a trailing ``[re, im]`` axis.
+* ``steps``: one row per transition (``episode_id``, ``t``, per-transition
+  ``terminated``/``truncated`` and every small per-step field; an observation
+  field ``<key>`` at row ``t`` and ``next_<key>`` at row ``t + 1``).
+
+For a :class:`~episodelake.dataset.DatasetView` both views hold only the view's
+episodes. Each query gets its own cursor, so a returned :class:`SQLResult` stays
+valid (and lazy) however many queries follow it.
+
+Errors: every DuckDB error becomes an episodelake error. The user's SQL being
+wrong (it does not parse or bind, or a sandboxed query reaches outside the
+dataset) is a :class:`~episodelake.errors.QueryError`; a scan of the table
+files that fails is a :class:`~episodelake.errors.StorageError` when the storage
+failed (:func:`~episodelake.faults.storage_fault`), else a
+:class:`~episodelake.errors.CorruptionError` naming the damaged file. The first
+query of a snapshot checks that every table file its log references exists with
+the logged size (one listing, no file is opened, so partition pruning is kept).
+A file that is gone because a later version rewrote the table (compaction,
+delete, eviction) and vacuum removed it is not damage: a :class:`Dataset`
+following the latest version moves to it (as ``refresh()`` would) and answers
+from there; a view or a pinned version raises a CorruptionError saying so.
+
+Sandbox: ``where()``, ``select_episodes()``, ``weights=``/``priority=`` SQL and
+``sql(..., sandbox=True)`` run in a second in-process database opened with
+``enable_external_access = false`` (no file, URL, extension or Python-variable
+access: only the registered views) and its configuration locked; sandboxed SQL
+is also limited to one ``SELECT`` statement. A refusal is a QueryError.
+
+``where()`` runs first over the snapshot's index columns, already in memory
+from its one index scan (:meth:`Snapshot.scan`); a predicate that needs other
+columns (per-step lists, statistics) runs over ``episodes`` instead.
+
+Statistics come from the per-episode mergeable statistics
+(``stats/<key>/{count,sum,sumsq,min,max}``) written at commit time, read
+once per snapshot, per field, and only from the table files that hold the
+collection's episodes, into a :class:`~episodelake.stats.StatsTable`; a
+subset's statistics are then one NumPy gather and reduction over its rows,
+never a pass over steps or tensors.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, Protocol, TypeVar
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..core.errors import ArgumentError, CorruptionError, EpisodeLakeError, QueryError
+from ..core.schema import DatasetSchema, FieldSpec
+from ..core.stats import STAT_PARTS, StatsTable, stat_column, stat_fields, value_moments, values_moments
+from ..storage.faults import storage_fault
+from ..storage.table import EpisodeTable
+from .snapshot import Snapshot
+from .sql import quote, sql_template
+
+
+class EpisodeCollection(Protocol):
+    """What the query functions read from a Dataset or a DatasetView (``_positions`` None: all episodes)."""
+
+    _positions: np.ndarray | None
+
+    @property
+    def schema(self) -> DatasetSchema: ...
+
+    def snapshot(self) -> Snapshot: ...
+
+    @property
+    def positions(self) -> np.ndarray: ...
+
+    @property
+    def episode_ids(self) -> np.ndarray: ...
+
+
+def next_key(f: FieldSpec) -> str:
+    """Name of the ``steps`` column holding observation row ``t + 1`` of ``f``."""
+    return f"next_{f.key}"
+
+
+POSITION = "__position"  # the in-memory index table's column of snapshot positions
+# How DuckDB reports a failed scan of a registered Arrow stream (2.x names the stream, 1.5 its scan function):
+# the table files failed, not the SQL (the other registered streams are in memory)
+SCANS = ("'episode_table'", "arrow_scan: get_next failed")
+REPLANS = 3  # moves to a newer version when another process keeps rewriting the table under a query
+T = TypeVar("T")
+
+
+class _SnapshotSQL:
+    """Per-snapshot state: a DuckDB connection, the in-memory index table and the statistics table."""
+
+    def __init__(self, snap: Snapshot) -> None:
+        self.snap = snap
+        self.db = database().cursor()
+        self.sandbox = database(sandbox=True).cursor()
+        self.lock = threading.Lock()
+        self._stats: StatsTable | None = None
+        self._index: pa.Table | None = None
+        self._episode_values: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._stats_files: dict[str, np.ndarray] = {}  # field key -> which table files are in _stats
+        self._files_checked = False
+
+    def check_files(self, again: bool = False) -> None:
+        """Every table file exists with the size its log entry records, else CorruptionError naming it.
+
+        Once per snapshot unless ``again``. A listing, not a read: partition
+        pruning still decides which files a query opens. A file gone because a
+        later version rewrote the table says so (:func:`rewritten`); a listing
+        the storage refuses is a StorageError.
+        """
+        with self.lock:
+            if self._files_checked and not again:
+                return
+            snap = self.snap
+            try:
+                table = EpisodeTable.open(snap.loc, snap.version)
+                listed = table.stored_files()
+            except (OSError, EpisodeLakeError) as exc:
+                doing = f"listing the table files of version {snap.version}"
+                fault = storage_fault(exc, dataset=snap.loc.url, doing=doing)
+                if fault is not None:
+                    raise fault from exc
+                raise
+            for add in table.add_actions():
+                path, size = table.file_path(add["path"]), add["size_bytes"]
+                found = listed.get(path)
+                if found is None:
+                    raise CorruptionError(
+                        rewritten(snap) or f"{snap.loc.url} version {snap.version}: table file {path} is missing"
+                    )
+                if found != size:
+                    raise CorruptionError(
+                        f"{snap.loc.url} version {snap.version}: table file {path} has {found} bytes, "
+                        f"its log entry says {size} (truncated or overwritten)"
+                    )
+            self._files_checked = True
+
+    def failure(self, exc: duckdb.Error, what: str) -> EpisodeLakeError:
+        """The episodelake error for DuckDB error ``exc`` of a query (``what`` names it).
+
+        A failed scan of the table files is a StorageError when storage failed,
+        else a CorruptionError naming the damaged file; anything else is the
+        query's fault (QueryError), a sandbox refusal included.
+        """
+        if not any(scan in str(exc) for scan in SCANS):
+            if isinstance(exc, duckdb.PermissionException):
+                return QueryError(
+                    f"{what}: refused, sandboxed SQL reads nothing but the dataset's episodes and steps views: {exc}"
+                )
+            return QueryError(f"{what}: {exc}")
+        self.check_files(again=True)  # Arrow caches footers, so list again rather than re-read to find the file
+        return self.snap.unreadable(None, exc)  # a storage fault, else the damaged file named
+
+    def lookup(self, ids: np.ndarray) -> np.ndarray:
+        """Snapshot position of each id, in the given order; unknown ids raise :class:`QueryError`."""
+        try:
+            return self.snap.positions_of(ids)
+        except KeyError as exc:
+            raise QueryError(exc.args[0]) from None
+
+    def positions_of(self, ids: np.ndarray) -> np.ndarray:
+        """Snapshot positions of ``ids`` without duplicates, in episode order."""
+        hit = np.zeros(self.snap.num_episodes, dtype=bool)
+        hit[self.lookup(ids)] = True
+        return np.flatnonzero(hit)
+
+    def index_table(self, positions: np.ndarray | None) -> pa.Table:
+        """The index columns of the snapshot (or of ``positions`` only) with each row's :data:`POSITION`."""
+        scan = self.snap.scan()
+        if positions is not None:
+            return scan.table.take(pa.array(scan.order[positions])).append_column(POSITION, pa.array(positions))
+        with self.lock:
+            if self._index is None:
+                position = np.empty_like(scan.order)
+                position[scan.order] = np.arange(len(position))
+                self._index = scan.table.append_column(POSITION, pa.array(position))
+            return self._index
+
+    def episode_values(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(length, return, whether the return is set) per scan row, as NumPy (a NULL return is skipped by stats)."""
+        with self.lock:
+            if self._episode_values is None:
+                table = self.snap.scan().table
+                returns = table.column("return").combine_chunks()
+                self._episode_values = (
+                    table.column("length").to_numpy(),
+                    returns.to_numpy(zero_copy_only=False),
+                    returns.is_valid().to_numpy(zero_copy_only=False),
+                )
+            return self._episode_values
+
+    def stats_table(self, fields: list[FieldSpec], rows: np.ndarray) -> StatsTable:
+        """The statistics table, holding ``fields`` at least for the scan ``rows``.
+
+        Reads the statistics columns of the fields still missing there, once,
+        from the table files holding ``rows`` only (partitions a collection
+        does not touch are never read).
+        """
+        with self.lock:
+            scan = self.snap.scan()
+            if self._stats is None:
+                self._stats = StatsTable(scan.table.num_rows)
+            needed = np.zeros(len(scan.fragments), dtype=bool)
+            needed[scan.file[rows]] = True
+            done = {f.key: self._stats_files.setdefault(f.key, np.zeros(len(needed), dtype=bool)) for f in fields}
+            todo = [f for f in fields if (needed & ~done[f.key]).any()]
+            if todo:
+                files = np.flatnonzero(np.logical_or.reduce([needed & ~done[f.key] for f in todo]))
+                columns = [stat_column(f, p) for f in todo for p in STAT_PARTS]
+                for rows_read, piece in self.snap.read_files(columns, files):
+                    for f in todo:
+                        self._stats.fill(f, rows_read, piece)
+                for f in todo:
+                    done[f.key][files] = True
+            return self._stats
+
+
+_STATE: weakref.WeakKeyDictionary[Snapshot, _SnapshotSQL] = weakref.WeakKeyDictionary()
+_STATE_LOCK = threading.Lock()
+_DBS: dict[bool, tuple[int, duckdb.DuckDBPyConnection]] = {}  # sandboxed or not -> (pid, database)
+_DB_LOCK = threading.Lock()  # not _STATE_LOCK: _state() holds that while it makes a state, which opens a connection
+# The sandbox: no file system, network, extension or Python-object access (registered Arrow data only), and the
+# configuration locked, so no statement can turn the access back on.
+_SANDBOX: dict[str, str | bool | int | float | list[str]] = {
+    "enable_external_access": False,
+    "autoinstall_known_extensions": False,
+    "autoload_known_extensions": False,
+}
+
+
+def database(sandbox: bool = False) -> duckdb.DuckDBPyConnection:
+    """The process's in-memory DuckDB database (or its sandboxed twin); snapshots and queries get connections to it.
+
+    One database, not one per snapshot: opening a database costs 15-50 ms, a
+    connection microseconds, and a new snapshot per commit is a learner's
+    refresh. Temporary views and registered tables are per connection.
+    """
+    with _DB_LOCK:
+        db = _DBS.get(sandbox)
+        if db is None or db[0] != os.getpid():  # a forked process opens its own
+            con = duckdb.connect(config=_SANDBOX) if sandbox else duckdb.connect()
+            if sandbox:
+                con.execute("SET lock_configuration = true")
+            db = _DBS[sandbox] = (os.getpid(), con)
+        return db[1]
+
+
+@atexit.register
+def _close_databases_at_exit() -> None:
+    """Close every DuckDB connection and the database before the interpreter tears down (its threads with it)."""
+    with _STATE_LOCK:
+        states = list(_STATE.values())
+    with _DB_LOCK:
+        dbs = list(_DBS.values())
+    for st in states:
+        st.db.close()
+        st.sandbox.close()
+    for pid, con in dbs:
+        if pid == os.getpid():
+            con.close()
+
+
+def _state(snap: Snapshot) -> _SnapshotSQL:
+    with _STATE_LOCK:
+        st = _STATE.get(snap)
+        if st is None:
+            st = _STATE[snap] = _SnapshotSQL(snap)
+        return st
+
+
+def _is_view(collection: EpisodeCollection) -> bool:
+    return getattr(collection, "_positions", None) is not None
+
+
+def _steps_columns(snap: Snapshot) -> tuple[str, str]:
+    unnest, columns = [], []
+    for f in snap.schema.table_step_fields:
+        col = quote(f.key)
+        if f.role == "observation":
+            unnest.append(f"unnest({col}[1:length]) AS {col}")
+            unnest.append(f"unnest({col}[2:length + 1]) AS {quote(next_key(f))}")
+            columns += [col, quote(next_key(f))]
+        else:
+            unnest.append(f"unnest({col}) AS {col}")
+            columns.append(col)
+    return "".join(f",\n    {u}" for u in unnest), "".join(f",\n    {c}" for c in columns)
+
+
+def rewritten(snap: Snapshot) -> str | None:
+    """Why ``snap``'s table files are gone when a later version rewrote the table and vacuum removed them, else None.
+
+    That is no damage: compaction, a delete or an eviction replaced the files
+    in a newer version, and a vacuum (another process's, typically) deleted
+    the old ones. The diagnosis lists the log and storage only; where it
+    cannot, the caller's own error stands (None).
+    """
+    try:
+        latest = EpisodeTable.open(snap.loc)
+        if latest.version <= snap.version:
+            return None
+        pinned = EpisodeTable.open(snap.loc, snap.version)
+        listed = pinned.stored_files()
+        gone = sorted(pinned.file_path(p) for p in pinned.file_set() - latest.file_set())
+    except (OSError, EpisodeLakeError):
+        return None
+    gone = [p for p in gone if p not in listed]
+    if not gone:
+        return None
+    more = f" (and {len(gone) - 1} more)" if len(gone) > 1 else ""
+    return (
+        f"{snap.loc.url} version {snap.version}: table file {gone[0]}{more} was removed: a later version "
+        f"(latest {latest.version}) rewrote the table (compaction, delete or eviction) and a vacuum deleted the "
+        f"old files, so version {snap.version} can no longer be read; refresh() the dataset or open a newer version"
+    )
+
+
+def _follows(collection: EpisodeCollection, snap: Snapshot) -> bool:
+    """Move a Dataset following the latest version past ``snap``; whether it moved (views and pins never do)."""
+    refresh = getattr(collection, "refresh", None)
+    if _is_view(collection) or refresh is None:
+        return False
+    refresh()
+    return collection.snapshot().version != snap.version
+
+
+def answer(collection: EpisodeCollection, body: Callable[[Snapshot], T], first: Snapshot | None = None) -> T:
+    """``body(snapshot)``, re-planned on a newer version while another process's rewrite removed the files it read.
+
+    ``first``: the snapshot of the first try (default: the collection's). A
+    CorruptionError that :func:`rewritten` explains is retried on the version
+    a following Dataset moves to (at most :data:`REPLANS` times); otherwise
+    it is raised with that explanation.
+    """
+    snap = first or collection.snapshot()
+    for attempt in range(REPLANS + 1):
+        try:
+            return body(snap)
+        except CorruptionError as exc:
+            why = rewritten(snap)
+            if why is None:
+                raise
+            if attempt == REPLANS or not _follows(collection, snap):
+                raise CorruptionError(why) from exc
+        snap = collection.snapshot()
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def _cursor(snap: Snapshot, ids: np.ndarray | None, sandbox: bool) -> duckdb.DuckDBPyConnection:
+    """A fresh DuckDB cursor with the ``episodes`` and ``steps`` views of ``snap`` (only ``ids``, when given)."""
+    state = _state(snap)
+    state.check_files()
+    cur = (state.sandbox if sandbox else state.db).cursor()
+    cur.register("episode_table", snap.arrow_dataset())
+    restriction = derived = join = ""
+    if snap.derived.fields:
+        cur.register("derived_table", snap.derived_values())
+        derived = "".join(f", derived_table.{quote(f.key)}" for f in snap.derived.fields)
+        join = "LEFT JOIN derived_table USING (episode_id)"
+    if ids is not None:
+        cur.register("view_ids", pa.table({"episode_id": pa.array(ids, pa.int64())}))
+        restriction = "SEMI JOIN view_ids USING (episode_id)"
+    cur.execute(sql_template("episodes").substitute(derived=derived, join=join, restriction=restriction))
+    unnest, columns = _steps_columns(snap)
+    cur.execute(sql_template("steps").substitute(unnest=unnest, columns=columns))
+    return cur
+
+
+def _view_ids(collection: EpisodeCollection) -> np.ndarray | None:
+    return collection.episode_ids if _is_view(collection) else None
+
+
+def connect(collection: EpisodeCollection, sandbox: bool = False) -> duckdb.DuckDBPyConnection:
+    """A fresh DuckDB cursor with the ``episodes`` and ``steps`` views of ``collection`` (sandboxed if asked)."""
+    return _cursor(collection.snapshot(), _view_ids(collection), sandbox)
+
+
+ROW_STATEMENTS = ("SELECT", "EXPLAIN")  # statements that only read: their result is lazy and may run again
+
+
+def _has_rows(query: Any, what: str, sandbox: bool) -> bool:
+    """Whether ``query``, one SQL statement, is a query (SELECT, EXPLAIN) rather than a command; else QueryError.
+
+    Sandboxed SQL must be one SELECT.
+    """
+    if not isinstance(query, str) or not query.strip():
+        raise QueryError(f"{what} needs a non-empty SQL string, got {query!r}")
+    try:
+        kinds = [str(st.type).rsplit(".", 1)[-1] for st in duckdb.extract_statements(query)]
+    except duckdb.Error as exc:
+        raise QueryError(f"SQL error in {query!r}: {exc}") from exc
+    if sandbox and kinds != ["SELECT"]:
+        raise QueryError(
+            f"{what}: sandboxed SQL must be exactly one SELECT statement, got {', '.join(kinds) or 'none'} in {query!r}"
+        )
+    if len(kinds) != 1:
+        raise QueryError(f"{what} takes one SQL statement per call, got {len(kinds)} in {query!r}")
+    return kinds[0] in ROW_STATEMENTS
+
+
+class SQLResult:
+    """The rows of one :func:`run_sql` query: lazy, run when fetched, the same on every supported DuckDB.
+
+    Every fetch runs the query again over the snapshot it was planned on,
+    except :meth:`fetchone`/:meth:`fetchmany`, which read on through one run
+    (a fetch that returns fewer rows than asked, or :meth:`fetchall`, ends
+    it). Errors are episodelake's (see the module docstring): a fetch whose
+    table files another process's rewrite removed is re-planned on the latest
+    version when the query came from a Dataset following it.
+    ``relation`` is DuckDB's own relation, for its relational API (its
+    methods and errors are DuckDB's and vary by version).
+    """
+
+    def __init__(
+        self, collection: EpisodeCollection, snap: Snapshot, query: str, params: Any, sandbox: bool, what: str
+    ) -> None:
+        self._collection, self._query, self._params = collection, query, params
+        self._sandbox, self._what = sandbox, what
+        self._ids = _view_ids(collection)
+        self._stream: duckdb.DuckDBPyConnection | None = None
+        self._plan(snap)
+
+    def _plan(self, snap: Snapshot) -> None:
+        """Bind the query over ``snap``."""
+        self._snap = snap
+        try:
+            self._rel = _cursor(snap, self._ids, self._sandbox).sql(self._query, params=self._params)
+        except duckdb.Error as exc:
+            raise _state(snap).failure(exc, self._what) from exc
+
+    @property
+    def relation(self) -> duckdb.DuckDBPyRelation:
+        """DuckDB's own relation of the query."""
+        return self._rel
+
+    def _fetch(self, how: Callable[[duckdb.DuckDBPyRelation], T]) -> T:
+        def body(snap: Snapshot) -> T:
+            if snap is not self._snap:
+                self._plan(snap)
+            try:
+                return how(self._rel)
+            except duckdb.Error as exc:
+                raise _state(snap).failure(exc, self._what) from exc
+
+        return answer(self._collection, body, self._snap)
+
+    def _streamed(self, how: Callable[[duckdb.DuckDBPyConnection], T]) -> T:
+        snap = self._snap
+        try:
+            if self._stream is None:
+                self._stream = _cursor(snap, self._ids, self._sandbox)
+                self._stream.execute(self._query, self._params)
+            return how(self._stream)
+        except duckdb.Error as exc:
+            self._end_stream()
+            raise _state(snap).failure(exc, self._what) from exc
+
+    def _end_stream(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
+
+    def fetchall(self) -> list[tuple[Any, ...]]:
+        """Every row as a tuple (the rest of a run :meth:`fetchone`/:meth:`fetchmany` started)."""
+        if self._stream is not None:
+            rows = self._streamed(lambda cur: cur.fetchall())
+            self._end_stream()
+            return rows
+        return self._fetch(lambda rel: rel.fetchall())
+
+    def fetchone(self) -> tuple[Any, ...] | None:
+        """The next row of the current run (a new run starts after one ended); None past the last row."""
+        row = self._streamed(lambda cur: cur.fetchone())
+        if row is None:
+            self._end_stream()
+        return row
+
+    def fetchmany(self, size: int = 1) -> list[tuple[Any, ...]]:
+        """The next ``size`` rows of the current run (fewer at its end, which ends the run)."""
+        if isinstance(size, bool) or not isinstance(size, int | np.integer) or size < 0:
+            raise ArgumentError(f"fetchmany: size must be an int >= 0, got {size!r}")
+        rows = self._streamed(lambda cur: cur.fetchmany(int(size)))
+        if len(rows) < size:
+            self._end_stream()
+        return rows
+
+    def df(self) -> Any:
+        """The rows as a pandas DataFrame."""
+        return self._fetch(lambda rel: rel.df())
+
+    fetchdf = df
+
+    def pl(self) -> Any:
+        """The rows as a polars DataFrame."""
+        return self._fetch(lambda rel: rel.pl())
+
+    def fetchnumpy(self) -> dict[str, np.ndarray]:
+        """The rows as NumPy columns (NULLs masked), as DuckDB converts them."""
+        return self._fetch(lambda rel: rel.fetchnumpy())
+
+    def to_arrow_table(self) -> pa.Table:
+        """The rows as a ``pyarrow.Table``."""
+        return self._fetch(lambda rel: rel.to_arrow_table())
+
+    fetch_arrow_table = to_arrow_table
+
+    def arrow(self, batch_size: int = 1_000_000) -> pa.RecordBatchReader:
+        """The rows as a ``pyarrow.RecordBatchReader`` of up to ``batch_size`` rows a batch, streamed."""
+        reader = self._fetch(lambda rel: rel.to_arrow_reader(batch_size))
+        snap = self._snap
+
+        def batches() -> Iterator[pa.RecordBatch]:
+            try:
+                yield from reader
+            except (duckdb.Error, pa.ArrowException, OSError) as exc:  # DuckDB's error, through Arrow's stream
+                raise _state(snap).failure(duckdb.Error(str(exc)), self._what) from exc
+
+        return pa.RecordBatchReader.from_batches(reader.schema, batches())
+
+    @property
+    def columns(self) -> list[str]:
+        """The result's column names."""
+        return list(self._rel.columns)
+
+    @property
+    def types(self) -> list[str]:
+        """The result's DuckDB column types, as text (``BIGINT``, ``VARCHAR[]``, ...)."""
+        return [str(t) for t in self._rel.types]
+
+    def __repr__(self) -> str:
+        return self._fetch(lambda rel: repr(rel))
+
+
+def run_sql(collection: EpisodeCollection, query: str, params: Any = None, sandbox: bool = False) -> SQLResult | None:
+    """Run one SQL statement over ``episodes``/``steps``: a lazy :class:`SQLResult` for a query, else None.
+
+    A query (SELECT, EXPLAIN) runs when its result is fetched; any other
+    statement (COPY, CREATE, SET, ...) runs once, now, on a cursor of its own.
+    ``params`` binds ``?`` or ``$name`` placeholders (a sequence or a mapping).
+    ``sandbox``: one SELECT statement that reads nothing but the views.
+    """
+    rows = _has_rows(query, "sql()", sandbox)
+    check_params(params, "sql()")
+    _bound(query, params, f"SQL error in {query!r}")
+    what = f"SQL error in {query!r}"
+    if rows:
+        return answer(collection, lambda snap: SQLResult(collection, snap, query, params, sandbox, what))
+
+    def command(snap: Snapshot) -> None:
+        try:
+            _cursor(snap, _view_ids(collection), sandbox).execute(query, params)
+        except duckdb.Error as exc:
+            raise _state(snap).failure(exc, what) from exc
+
+    answer(collection, command)
+    return None
+
+
+def sql_arrow(collection: EpisodeCollection, query: str, params: Any = None, sandbox: bool = False) -> pa.Table:
+    """The result of ``query`` as an Arrow table."""
+    result = run_sql(collection, query, params, sandbox)
+    if result is None:
+        raise QueryError(f"query {query!r} returns no rows to fetch")
+    return result.to_arrow_table()
+
+
+def column_numpy(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """One result column as NumPy; list columns of uniform length become extra axes, ragged ones objects."""
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    shape = [len(arr)]
+    while pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type) or pa.types.is_fixed_size_list(arr.type):
+        lengths = pc.list_value_length(arr).to_numpy(zero_copy_only=False)
+        if arr.null_count or len(lengths) == 0 or (lengths != lengths[0]).any():
+            return np.array(col.to_pylist(), dtype=object)
+        shape.append(int(lengths[0]))
+        arr = pc.list_flatten(arr)
+    return arr.to_numpy(zero_copy_only=False).reshape(shape)
+
+
+def sql_numpy(
+    collection: EpisodeCollection, query: str, params: Any = None, sandbox: bool = False
+) -> dict[str, np.ndarray]:
+    """The result of ``query`` as NumPy columns (see :func:`column_numpy`)."""
+    tbl = sql_arrow(collection, query, params, sandbox)
+    return {name: column_numpy(tbl.column(name)) for name in tbl.column_names}
+
+
+def _positions_of(snap: Snapshot, tbl: pa.Table, what: str) -> np.ndarray:
+    """Snapshot positions (episode order, no duplicates) of the validated ``episode_id`` column of ``tbl``."""
+    if "episode_id" not in tbl.column_names:
+        raise QueryError(f"{what}: the query must return an episode_id column, got {tbl.column_names}")
+    ids = tbl.column("episode_id")
+    if not pa.types.is_integer(ids.type) or ids.null_count:
+        raise QueryError(f"{what}: episode_id must be non-null integers, got {ids.type}")
+    return _state(snap).positions_of(ids.to_numpy())
+
+
+def check_params(params: Any, what: str) -> Any:
+    """``params`` if DuckDB can bind it (None, a list/tuple of values or a mapping of names), else ArgumentError."""
+    if params is None or isinstance(params, list | tuple | Mapping):
+        return params
+    raise ArgumentError(f"{what}: params must be a list or tuple of values or a mapping of names, got {params!r}")
+
+
+def _bound(text: str, params: Any, what: str) -> None:
+    """QueryError when SQL ``text`` has placeholders and ``params`` is None (DuckDB versions word it differently)."""
+    if params is not None:
+        return
+    try:
+        names = duckdb.extract_statements(text)[0].named_parameters
+    except duckdb.Error as exc:
+        raise QueryError(f"{what}: {exc}") from exc
+    if names:
+        raise QueryError(f"{what}: values for its placeholders ({len(names)}) were not provided: pass params=")
+
+
+def _predicate(predicate: Any, what: str) -> str:
+    """``predicate`` if it parses as exactly one SQL expression (placeholders allowed), else QueryError."""
+    if not isinstance(predicate, str) or not predicate.strip():
+        raise QueryError(f"{what} needs a SQL predicate string, got {predicate!r}")
+    try:
+        duckdb.SQLExpression(predicate)
+    except duckdb.Error as exc:
+        raise QueryError(f"invalid {what} predicate {predicate!r}: {exc}") from exc
+    return predicate
+
+
+def where(collection: EpisodeCollection, predicate: str, params: Any = None) -> tuple[Snapshot, np.ndarray]:
+    """The episodes of ``collection`` for which the SQL ``predicate`` over ``episodes`` is true.
+
+    Returns the snapshot queried and their positions in it. ``predicate`` must
+    parse as one SQL expression (anything else is a :class:`QueryError`);
+    ``params`` binds its ``?`` or ``$name`` placeholders (a sequence or a
+    mapping), by DuckDB. It runs sandboxed (it reads nothing but the
+    dataset), over the in-memory index columns when it uses only those, else
+    over ``episodes``.
+    """
+    _predicate(predicate, "where()")
+    check_params(params, "where()")
+    what = f"invalid where() predicate {predicate!r}"
+    _bound(f"SELECT 1 WHERE ({predicate}\n)", params, what)
+    # the predicate on lines of its own: a trailing -- comment cannot reach the closing parenthesis
+    condition = " WHERE (\n" + predicate + "\n)"
+
+    def body(snap: Snapshot) -> tuple[Snapshot, np.ndarray]:
+        state = _state(snap)
+        state.check_files()
+        cur = state.sandbox.cursor()
+        cur.register("episode_index", state.index_table(collection.positions if _is_view(collection) else None))
+        try:
+            try:
+                found = cur.sql(f"SELECT {quote(POSITION)} FROM episode_index" + condition, params=params)
+                return snap, np.sort(found.to_arrow_table().column(0).to_numpy())
+            except (duckdb.BinderException, duckdb.CatalogException):  # needs more than the index: other columns
+                query = "SELECT episode_id FROM episodes" + condition
+                tbl = _cursor(snap, _view_ids(collection), True).sql(query, params=params).to_arrow_table()
+                return snap, _positions_of(snap, tbl, what)
+        except duckdb.Error as exc:
+            raise state.failure(exc, what) from exc
+
+    return answer(collection, body)
+
+
+def select_episodes(collection: EpisodeCollection, query: str, params: Any = None) -> tuple[Snapshot, np.ndarray]:
+    """The episodes whose ``episode_id`` the SQL ``query`` returns (duplicates count once).
+
+    Returns the snapshot queried and their positions in it. ``params`` binds the
+    query's placeholders. The query runs sandboxed (one SELECT that reads
+    nothing but the views). Ids outside ``collection`` raise :class:`QueryError`.
+    """
+    _has_rows(query, "select_episodes()", True)
+    check_params(params, "select_episodes()")
+    what = f"invalid select_episodes() query {query!r}"
+    _bound(query, params, what)
+
+    def body(snap: Snapshot) -> tuple[Snapshot, np.ndarray]:
+        result = SQLResult(collection, snap, query, params, True, what)
+        positions = _positions_of(snap, result.to_arrow_table(), what)
+        if _is_view(collection):
+            outside = np.setdiff1d(positions, collection.positions)
+            if len(outside):
+                bad = snap.index["episode_id"][outside][:10].tolist()
+                raise QueryError(f"select_episodes(): episode ids not in this view: {bad}")
+        return snap, positions
+
+    return answer(collection, body)
+
+
+def stats(collection: EpisodeCollection, fields: Iterable[str] | None = None) -> dict[str, dict[str, Any]]:
+    """Count, sum, mean, population std, min and max of per-step fields, episode length and return.
+
+    Returns ``{"episodes": {"count": n}, "length": {...}, "return": {...}, <key>: {...}}``.
+    ``length``/``return`` values are floats (``count`` an int; ``return`` counts
+    episodes that have one). A field's values are per channel (the ``C`` axis
+    of its layout, or the single axis of a 1-D field): ``count`` is an int
+    (values per channel), the rest float64 arrays of shape ``[C]``; a field
+    without channels gives floats. An empty subset gives NaN. Computed from the
+    commit-time statistics of the collection's episodes; no tensor is read.
+    """
+
+    def body(snap: Snapshot) -> dict[str, dict[str, Any]]:
+        specs = stat_fields(snap.schema, fields)
+        scan = snap.scan()
+        state = _state(snap)
+        positions = collection.positions if _is_view(collection) else np.arange(snap.num_episodes)
+        # sorted scan rows: sequential gathers (statistics of a set do not depend on its order)
+        rows = np.sort(scan.order[positions]) if _is_view(collection) else np.arange(len(scan.order))
+        table = state.stats_table([f for f in specs if not f.derived], rows)
+        length, returns, has_return = state.episode_values()
+        out: dict[str, dict[str, Any]] = {
+            "episodes": {"count": len(rows)},
+            "length": value_moments(length[rows]),
+            "return": value_moments(returns[rows[has_return[rows]]]),
+        }
+        for f in specs:
+            out[f.key] = _derived_moments(snap, f, positions) if f.derived else table.aggregate(f, rows)
+        return out
+
+    return answer(collection, body)
+
+
+def _derived_moments(snap: Snapshot, f: FieldSpec, positions: np.ndarray) -> dict[str, Any]:
+    """Statistics of derived per-step column ``f`` over the episodes at ``positions`` it was set for."""
+    chosen = np.zeros(snap.num_episodes, dtype=bool)
+    chosen[positions] = True
+    chosen &= snap.derived_values().column(f.key).is_valid().to_numpy(zero_copy_only=False)
+    return values_moments(f, snap.table_field(f)[np.repeat(chosen, np.diff(snap.offsets(f)))])

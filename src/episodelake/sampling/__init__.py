@@ -1,0 +1,5 @@
+"""From a snapshot to training batches: samplers and the sum tree, priorities, batches, map-style segments,
+the stream (planner, prefetch, resume), transitions, trajectories, Ray sources.
+
+May import: ``core``, ``storage``, ``read``, ``write``.
+"""

@@ -1,0 +1,81 @@
+"""The map-style dataset of segments (``ds.segments(L)``), for PyTorch ``DataLoader``.
+
+:class:`SegmentDataset` has ``len``/indexing over every valid segment
+(:mod:`.segment_index`), a batched ``__getitems__`` that turns a whole loader
+batch into one planned read, and ``collate``; picklable, so it runs in
+``DataLoader`` workers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..core.segments import Segment
+from ..core.transforms import Transform, apply_transforms, check_transforms
+from ..read.batching import reader_for
+from ..read.selection import select
+from .batch import SegmentBatch, collate, unbatch
+from .segment_index import SegmentIndex
+
+
+class SegmentDataset:
+    """Every valid segment of a collection, indexable (PyTorch map-style dataset).
+
+    ``dataset[i]`` is one :class:`Segment` (``[L, ...]``); ``__getitems__``
+    (used by ``DataLoader`` with a batch size) reads a whole batch with one
+    planned read and returns a :class:`SegmentBatch`, which :meth:`collate`
+    passes through, so use ``collate_fn=segments.collate``. Picklable: spawn
+    workers get the loaded index and small fields; forked workers share them.
+
+    Args:
+        collection: a Dataset or DatasetView.
+        sequence_length: transitions per segment.
+        pad: ``"suffix"`` (default), ``"prefix"`` or None (skip short episodes).
+        stride: distance between segment starts within an episode.
+        where / filter: narrow the episodes (see :func:`~episodelake.selection.select`).
+        shard: ``(rank, world_size)``: this rank's disjoint part of the segments.
+        transform: field key -> :class:`~episodelake.transforms.FrameTransform`
+            or a callable on the field's batch array, applied to each batch.
+    """
+
+    def __init__(
+        self,
+        collection: Any,
+        sequence_length: int,
+        pad: str | None = "suffix",
+        stride: int = 1,
+        where: str | None = None,
+        filter: Callable[[Any], bool] | None = None,
+        shard: Sequence[int] | None = None,
+        transform: Mapping[str, Transform] | None = None,
+    ) -> None:
+        snap, positions = select(collection, where, filter)
+        self.transforms = check_transforms(snap.schema, transform)
+        self.index = SegmentIndex(positions, snap.lengths[positions], sequence_length, pad, stride, shard)
+        self.sequence_length = self.index.sequence_length
+        self.reader = reader_for(snap)
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __getitem__(self, i: int) -> Segment:
+        if isinstance(i, bool) or not isinstance(i, int | np.integer):
+            raise TypeError(f"segment index must be an int, got {type(i).__name__}")
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(f"segment index {i} out of range for {n} segments")
+        return unbatch(self.__getitems__([int(i) % n]), 0)
+
+    def __getitems__(self, ids: Sequence[int]) -> SegmentBatch:
+        k, first = self.index.locate(np.asarray(ids, dtype=np.int64))
+        seg = self.reader.segments(self.index.positions[k], first, self.sequence_length)
+        apply_transforms(seg.data, self.reader.schema, self.transforms)
+        return SegmentBatch.wrap(seg)
+
+    collate = staticmethod(collate)
+
+    def __repr__(self) -> str:
+        return f"SegmentDataset({len(self)} segments of {self.sequence_length} transitions)"

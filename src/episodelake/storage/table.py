@@ -1,0 +1,744 @@
+"""The Delta Lake episode table: one row per episode, committed atomically.
+
+Columns: ``episode_id`` (int64, unique and stable), ``writer``, ``length``,
+``terminated``, ``truncated``, ``return``, ``created_at``, one column per meta
+field, one list column per small per-step field (``[T(+1)][dims...]``), and for
+each tensor field ``ref/<key>`` (first row in the writer's array) and
+``crc/<key>`` (CRC-32 of the episode's rows). Every numeric per-step field
+also has mergeable statistics ``stats/<key>/{count,sum,sumsq,min,max}`` (lists
+over channels). The commit log gives atomic appends, optimistic concurrency,
+versions and time travel.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import threading
+import time
+import uuid
+import warnings
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as pads
+import pyarrow.parquet as pq
+from deltalake import CommitProperties, DeltaTable, write_deltalake
+from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
+
+from ..core.errors import ArgumentError, CommitConflictError, CorruptionError, DatasetNotFoundError, EpisodeLakeError
+from ..core.schema import DatasetSchema
+from ..core.stats import STAT_PARTS, has_stats, stat_column
+from . import layout
+from .faults import quiet_panics, storage_fault
+from .location import Location
+
+COMPACT_EVERY = 64  # commits between automatic compactions + checkpoints
+COMMIT_RETRIES = 20
+COMPACT_LOCK_STALE_S = 600.0
+LOG_READ_TRIES = 2  # reads of the log deciding whether a commit already landed (each within the deadline)
+
+# Vacuum (docs/reliability.md, "Vacuum and compaction"). A file no version of the log references is either a
+# crash leftover or part of a commit still in flight (written, not yet committed: seconds, at most the commit's
+# retries). It is removed only once older than UNREFERENCED_FLOOR_HOURS, whatever retention is asked for: an
+# hour is orders of magnitude longer than any commit takes (COMMIT_RETRIES attempts with backoff capped at 1 s)
+# and covers clock skew between a host and its object store.
+UNREFERENCED_FLOOR_HOURS = 1.0
+# Below this retention, versions superseded less than that long ago lose their files (time travel to them and
+# readers pinned to them fail), so a shorter one needs ``break_old_versions=True``. One hour: the default of a
+# replay buffer's Capacity.retention_hours; plain vacuum keeps Delta's 168 h by default.
+MIN_RETENTION_HOURS = 1.0
+
+# Commit properties (Delta commitInfo custom metadata) naming what each episodelake commit did.
+OPERATION_KEY = "episodelake.operation"
+ADDED_KEY = "episodelake.episodes_added"
+REMOVED_KEY = "episodelake.episodes_removed"
+TOKEN_KEY = "episodelake.commit"  # identifies one logical commit across its attempts (lost responses)
+
+
+def arrow_schema(schema: DatasetSchema) -> pa.Schema:
+    """The episode table's Arrow schema for a dataset schema."""
+    cols: list[pa.Field] = [
+        pa.field("episode_id", pa.int64(), nullable=False),
+        pa.field("writer", pa.string(), nullable=False),
+        pa.field("length", pa.int64(), nullable=False),
+        pa.field("terminated", pa.bool_(), nullable=False),
+        pa.field("truncated", pa.bool_(), nullable=False),
+        pa.field("return", pa.float64()),
+        pa.field("created_at", pa.timestamp("us", tz="UTC"), nullable=False),
+    ]
+    for f in schema.meta_fields:
+        cols.append(pa.field(f.key, f.arrow_type()))
+    for f in schema.step_fields:
+        if f.in_tensor:
+            cols.append(pa.field(f"ref/{f.key}", pa.int64(), nullable=False))
+            cols.append(pa.field(f"crc/{f.key}", pa.int64(), nullable=False))
+        else:
+            cols.append(pa.field(f.key, f.arrow_type(), nullable=False))
+    for f in schema.step_fields:
+        if has_stats(f):
+            cols.append(pa.field(stat_column(f, "count"), pa.int64()))
+            for part in STAT_PARTS[1:]:
+                cols.append(pa.field(stat_column(f, part), pa.list_(pa.float64())))
+    return pa.schema(cols)
+
+
+class EpisodeTable:
+    """A Delta table handle pinned to one version (``refresh()`` moves it)."""
+
+    def __init__(self, loc: Location, dt: DeltaTable) -> None:
+        self.loc = loc
+        self.dt = dt
+        self._commits_since_compact = 0
+        self._compactor: threading.Thread | None = None
+        self._checkpoint_stamp = (-1, -1)  # (mtime, version) of the last _last_checkpoint read
+        self._uncertain: int | None = None  # a commit failed on a storage fault after this version: it may have landed
+        self._compaction_error: BaseException | None = None  # the last background compaction's failure, not yet raised
+
+    @classmethod
+    def create(cls, loc: Location, schema: pa.Schema, partition_by: list[str]) -> EpisodeTable:
+        # File statistics only for the leading scalar columns (ids, flags, meta, refs): the list
+        # columns' min/max would cost every commit time and skip no file.
+        scalars = next((i for i, f in enumerate(schema) if pa.types.is_list(f.type)), len(schema))
+        dt = DeltaTable.create(
+            loc.delta_uri(),
+            schema=schema,
+            partition_by=partition_by or None,
+            storage_options=loc.delta_options(),
+            mode="error",
+            configuration={"delta.dataSkippingNumIndexedCols": str(scalars)},
+        )
+        return cls(loc, dt)
+
+    @classmethod
+    def open(cls, loc: Location, version: int | None = None) -> EpisodeTable:
+        try:
+            dt = DeltaTable(loc.delta_uri(), version=version, storage_options=loc.delta_options())
+        except TableNotFoundError as exc:
+            raise DatasetNotFoundError(f"no episode table at {loc.delta_uri()}") from exc
+        except Exception as exc:  # deltalake raises plain errors for unknown versions
+            if version is not None:
+                fault = storage_fault(exc, dataset=loc.url, object=loc.delta_uri(), doing=f"opening version {version}")
+                if fault is not None:  # an unreachable store says nothing about whether the version exists
+                    raise fault from exc
+                raise ArgumentError(f"version {version} does not exist at {loc.url}: {exc}") from exc
+            raise
+        return cls(loc, dt)
+
+    @property
+    def version(self) -> int:
+        return self.dt.version()
+
+    def refresh(self) -> None:
+        """Move to the latest version; on local disk a no-op costs one file lookup (a learner polls this)."""
+        if self.loc.is_local and not self._newer_on_disk():
+            return
+        self.dt.update_incremental()
+
+    def _newer_on_disk(self) -> bool:
+        """Whether the log holds a version after the pinned one: its entry, or a newer checkpoint.
+
+        Every commit writes the next entry; log cleanup removes old entries
+        only behind a checkpoint, which ``_last_checkpoint`` then names.
+        """
+        version = self.version
+        if os.path.exists(self.loc.child(*layout.log_entry_parts(version + 1))):
+            return True
+        path = self.loc.child(*layout.last_checkpoint_parts())
+        try:
+            stamp = os.stat(path).st_mtime_ns
+            if stamp != self._checkpoint_stamp[0]:  # parsed again only when rewritten
+                with open(path, "rb") as fh:
+                    self._checkpoint_stamp = (stamp, int(json.loads(fh.read())["version"]))
+        except (FileNotFoundError, ValueError, KeyError, TypeError):
+            return False
+        return self._checkpoint_stamp[1] > version
+
+    def dataset(self) -> pads.Dataset:
+        """The pinned snapshot as an Arrow dataset (pushdown, partition pruning).
+
+        A local unpartitioned table's dataset is built from its file list
+        alone: deltalake's attaches every file's min/max statistics as an
+        expression, O(files) of work on each snapshot (most of a learner's
+        refresh before a compaction); Arrow still skips row groups by their
+        Parquet statistics.
+        """
+        fs = self.loc.arrow_filesystem(*layout.table_parts())
+        if self.loc.is_local and not self.dt.metadata().partition_columns:
+            root = self.loc.child(*layout.table_parts()) + "/"
+            files = self.dt.file_uris()
+            if all(f.startswith(root) for f in files):
+                return pads.FileSystemDataset.from_paths(
+                    [f[len(root) :] for f in files],
+                    schema=pa.schema(self.dt.schema().to_arrow()),
+                    format=pads.ParquetFileFormat(
+                        default_fragment_scan_options=pads.ParquetFragmentScanOptions(pre_buffer=True)
+                    ),
+                    filesystem=fs,
+                )
+        return self.dt.to_pyarrow_dataset(filesystem=fs)
+
+    def read(self, columns: list[str], filter: Any = None) -> pa.Table:
+        return self.dataset().to_table(columns=columns, filter=filter)
+
+    def append(self, rows: pa.Table) -> int:
+        """Append ``rows`` in one commit (retrying conflicts); return the new version."""
+        token = _rows_token(rows)
+
+        def attempt() -> None:
+            write_deltalake(self.dt, rows, mode="append", commit_properties=_props("APPEND", token, len(rows), 0))
+
+        return self._commit(attempt, token=token)
+
+    def commit(
+        self, plan: Callable[[], tuple[pa.Table, Sequence[int]]], landed: Callable[[int], None] | None = None
+    ) -> int:
+        """One commit that adds rows and removes episodes by id, as ``plan()`` says at the latest version.
+
+        ``plan`` runs again after every conflict (at the version that won), so
+        what it removes is always decided on the version the commit lands on.
+        Rows of a removed episode stay in the files of older versions (time
+        travel) until :meth:`vacuum`. ``landed`` is told the latest version
+        right after the commit (before any compaction). Returns the new version.
+        History names it ``APPEND``, ``EVICT`` (adds and removes) or ``DELETE`` (only removes).
+        """
+        token: list[str | None] = [None]
+
+        def attempt() -> None:
+            self.dt.update_incremental()
+            rows, remove = plan()
+            token[0] = _rows_token(rows) if len(rows) else token[0] or uuid.uuid4().hex
+            if not len(remove):
+                props = _props("APPEND", token[0], len(rows), 0)
+                write_deltalake(self.dt, rows, mode="append", commit_properties=props)
+                return
+            # replaceWhere: files holding a matching row are rewritten without it, in the same
+            # commit that adds ``rows``. deltalake requires the added rows to match the predicate.
+            ids = ", ".join(str(int(i)) for i in [*remove, *rows["episode_id"].to_pylist()])
+            props = _props("EVICT" if len(rows) else "DELETE", token[0], len(rows), len(remove))
+            predicate = f"episode_id IN ({ids})"
+            write_deltalake(self.dt, rows, mode="overwrite", predicate=predicate, commit_properties=props)
+
+        return self._commit(attempt, landed, token=lambda: token[0])
+
+    def clear(self, schema: pa.Schema) -> int:
+        """Remove every episode of the latest version in one commit; return the new version."""
+        empty = schema.empty_table()
+        token = uuid.uuid4().hex
+
+        def attempt() -> None:
+            self.dt.update_incremental()
+            removed = self.dt.count()
+            write_deltalake(self.dt, empty, mode="overwrite", commit_properties=_props("CLEAR", token, 0, removed))
+
+        return self._commit(attempt, token=token)
+
+    def _commit(
+        self,
+        attempt: Callable[[], None],
+        landed: Callable[[int], None] | None = None,
+        token: str | Callable[[], str | None] | None = None,
+    ) -> int:
+        """Run ``attempt`` (one Delta commit) until it lands, backing off on conflicts; compact every so often.
+
+        deltalake's own retries are off (:func:`_props`): when the response to a
+        commit is lost, its retried write finds the version taken (by itself)
+        and, retrying internally, would commit the same rows again. Here, after
+        a failed attempt (and before the first attempt following a call that
+        failed on a storage fault) the log since is searched for the commit's
+        ``token``: found, the commit landed and is not repeated.
+        """
+        token_of = token if callable(token) else (lambda: token)
+        if self._uncertain is not None and self._landed(token_of(), self._uncertain):
+            self._uncertain = None
+            return self.version
+        delay = 0.01
+        for n in range(COMMIT_RETRIES):
+            read = self.version
+            try:
+                with quiet_panics():  # a failed file write makes deltalake's runtime print a panic report
+                    attempt()
+                break
+            except CommitFailedError as exc:
+                if self._landed(token_of(), read):
+                    break
+                if n == COMMIT_RETRIES - 1:
+                    raise CommitConflictError(
+                        f"commit to {self.loc.url} conflicted {COMMIT_RETRIES} times with concurrent commits: {exc}"
+                    ) from exc
+            except EpisodeLakeError:
+                raise
+            except Exception as exc:
+                err = table_error(exc, self.loc, "commit to the episode table")
+                if isinstance(err, CorruptionError) and self._moved() and n < COMMIT_RETRIES - 1:
+                    # a file of the version it read went meanwhile (compacted away, then vacuumed with
+                    # break_old_versions): the version that won is read again, as after a conflict
+                    time.sleep(delay)
+                    delay = min(delay * 2, 1.0)
+                    continue
+                self._uncertain = read  # a write may have landed although its response was lost
+                raise err from exc
+            time.sleep(delay)  # back off before retrying a lost optimistic-concurrency race
+            delay = min(delay * 2, 1.0)
+            self.dt.update_incremental()
+        self._uncertain = None
+        # write_deltalake moved self.dt to the version it committed: no update_incremental here
+        if landed is not None:
+            landed(self.version)
+        self._commits_since_compact += 1
+        if self._commits_since_compact >= COMPACT_EVERY:
+            if self.loc.is_local:
+                self._compact_in_background()
+            else:
+                # No lock file on object stores, and concurrent compactions would duplicate
+                # rows: writers only checkpoint (idempotent); ds.compact() is explicit there.
+                self.dt.create_checkpoint()
+                self._commits_since_compact = 0
+        return self.version
+
+    def _moved(self) -> bool:
+        """Whether a newer version than the pinned one exists (the handle moves to it)."""
+        before = self.version
+        try:
+            self.dt.update_incremental()
+        except Exception:
+            return False
+        return self.version > before
+
+    def _landed(self, token: str | None, since: int) -> bool:
+        """Whether a commit after version ``since`` carries ``token`` (moves the handle to the latest version).
+
+        The log is read a second time on a failure (it is the answer that
+        decides whether to commit again); still failing, the commit stays
+        uncertain and the error is raised.
+        """
+        if token is None:
+            return False
+        delay = 0.05
+        for n in range(LOG_READ_TRIES):
+            try:
+                self.dt.update_incremental()
+                newer = self.version - since
+                return newer > 0 and any(h.get(TOKEN_KEY) == token for h in self.dt.history(limit=newer))
+            except Exception as exc:
+                if n < LOG_READ_TRIES - 1:
+                    time.sleep(delay)  # a transient fault: read the log again
+                    delay *= 2
+                    continue
+                self._uncertain = since if self._uncertain is None else min(since, self._uncertain)
+                raise table_error(exc, self.loc, "reading the episode table log") from exc
+        raise AssertionError("unreachable")
+
+    def _compact_in_background(self) -> None:
+        """Start :func:`compact_table` on a thread of its own, so the commit that triggered it returns at once.
+
+        It reads and commits through its own table handle (this one stays the
+        writer's); one runs at a time per handle (while one runs, the count
+        keeps growing and the next commit tries again). Joined at interpreter
+        exit by a ``threading`` exit hook (:func:`join_compactions`). A failure
+        is reported once, as a one-line ``RuntimeWarning`` (no traceback), and
+        raised again by the next :meth:`compact` on this handle; commits go on
+        (a compaction changes no data).
+        """
+        if self._compactor is not None and self._compactor.is_alive():
+            return
+        self._commits_since_compact = 0
+        thread = threading.Thread(target=self._compact_quietly, name="episodelake-compact", daemon=True)
+        self._compactor = thread
+        with _COMPACTORS_LOCK:
+            _COMPACTORS.add(thread)
+        thread.start()
+
+    def _compact_quietly(self) -> None:
+        """A background compaction: its own handle on the latest version; a table removed meanwhile is no error."""
+        loc = self.loc
+        try:
+            dt = DeltaTable(loc.delta_uri(), storage_options=loc.delta_options())
+            compact_table(loc, dt)
+        except Exception as exc:
+            if os.path.isdir(loc.child(*layout.log_parts())):  # else the dataset was removed meanwhile
+                err = exc if isinstance(exc, EpisodeLakeError) else table_error(exc, loc, "background compaction")
+                if err is not exc:
+                    err.__cause__ = exc
+                err.add_note(f"raised by the background compaction of {loc.url} (reported as a warning then)")
+                self._compaction_error = err
+                message = str(err).splitlines()[0] if str(err) else type(err).__name__
+                warnings.warn(f"background compaction of {loc.url} failed (data unchanged): {message}", RuntimeWarning,
+                              stacklevel=1)
+        finally:
+            with _COMPACTORS_LOCK:
+                _COMPACTORS.discard(threading.current_thread())
+
+    @property
+    def compactor(self) -> threading.Thread | None:
+        """The background compaction thread last started by this handle's commits (None: none yet)."""
+        return self._compactor
+
+    def compact(self) -> None:
+        """Merge small files and write a checkpoint so opening stays fast (in this thread, waiting for it).
+
+        Raises first the failure of a background compaction this handle started
+        and nothing raised yet (then it is cleared); conflicts are retried
+        (:class:`CommitConflictError` when they persist), storage faults raise
+        :class:`~episodelake.errors.StorageError`.
+        """
+        failed, self._compaction_error = self._compaction_error, None
+        if failed is not None:
+            raise failed
+        compact_table(self.loc, self.dt)
+        self.dt.update_incremental()
+        self._commits_since_compact = 0
+
+    def history(self) -> list[dict[str, Any]]:
+        """The commits of the log, newest first, each named for what it did (see :func:`named_commit`)."""
+        try:
+            return [named_commit(h) for h in self.dt.history()]
+        except Exception as exc:
+            raise table_error(exc, self.loc, "reading the episode table history") from exc
+
+    def file_uris(self) -> list[str]:
+        return self.dt.file_uris()
+
+    def add_actions(self) -> list[dict[str, Any]]:
+        """The data files of the pinned version as its log records them, one dict each.
+
+        Keys: ``path`` (relative to the table directory), ``size_bytes``,
+        ``num_records``, ``partition.<column>`` and the ``min.<column>`` /
+        ``max.<column>`` statistics.
+        """
+        return pa.table(self.dt.get_add_actions(flatten=True)).to_pylist()
+
+    def file_set(self) -> set[str]:
+        """Paths of the pinned version's data files, relative to the table directory (``changes``)."""
+        return set(pa.table(self.dt.get_add_actions(flatten=True)).column("path").to_pylist())
+
+    def episode_ids_in(self, rels: Iterable[str]) -> np.ndarray:
+        """The ``episode_id`` column of the data files ``rels`` (relative paths), concatenated (int64)."""
+        parts = [read_table_file(self.loc, self.file_path(rel), ["episode_id"]).column(0) for rel in sorted(rels)]
+        return np.concatenate([np.asarray(p, dtype=np.int64) for p in parts]) if parts else np.zeros(0, np.int64)
+
+    def file_path(self, rel: str) -> str:
+        """Filesystem path of a data file named relative to the table directory (as the log names it)."""
+        return self.loc.child(*layout.table_parts(rel))
+
+    def stored_files(self) -> dict[str, int]:
+        """Every Parquet data file on storage, referenced or not (log checkpoints excluded): path -> bytes."""
+        return stored_files(self.loc)
+
+    def vacuum(self, retention_hours: float, dry_run: bool) -> list[str]:
+        """Delete the table's data files no kept version references (see :func:`vacuum_table_files`).
+
+        Returns their paths (sorted). ``dry_run`` deletes nothing. The handle
+        moves to the latest version afterwards (unless ``dry_run``).
+        """
+        doomed = vacuum_table_files(self.loc, layout.table_parts(), retention_hours, dry_run)
+        if not dry_run:
+            self.refresh()
+        return doomed
+
+
+def stored_files(loc: Location, parts: tuple[str, ...] = layout.table_parts()) -> dict[str, int]:
+    """The Parquet data files under the Delta table directory ``parts`` of ``loc`` (its log excluded), path -> bytes."""
+    return {path: size for path, (size, _) in _stored_files(loc, parts).items()}
+
+
+def _stored_files(loc: Location, parts: tuple[str, ...]) -> dict[str, tuple[int, float]]:
+    """Like :func:`stored_files`, path -> (bytes, modification time)."""
+    root = loc.child(*parts)
+    log = loc.child(*parts, layout.LOG) + "/"
+    found = loc.fs.find(root, detail=True) if loc.fs.exists(root) else {}
+    return {
+        path: (int(info["size"]), file_mtime(info))
+        for path, info in found.items()
+        if path.endswith(layout.DATA_SUFFIX) and not path.startswith(log)
+    }
+
+
+def latest_file_paths(loc: Location) -> list[str]:
+    """Filesystem paths of the data files of the episode table's latest version, read now."""
+    try:
+        dt = DeltaTable(loc.delta_uri(), storage_options=loc.delta_options())
+        return [uri.split("://", 1)[-1] for uri in dt.file_uris()]
+    except Exception as exc:
+        raise table_error(exc, loc, "reading the episode table") from exc
+
+
+def file_mtime(info: dict[str, Any]) -> float:
+    """Modification time (epoch seconds) of an fsspec ``info`` entry; one without a time counts as written now."""
+    stamp = info.get("mtime", info.get("LastModified", info.get("updated", info.get("created"))))
+    if isinstance(stamp, datetime):
+        return stamp.timestamp()
+    if isinstance(stamp, str):
+        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    return float(stamp) if stamp else time.time()  # undated: never old enough to delete
+
+
+def vacuum_table_files(loc: Location, parts: tuple[str, ...], retention_hours: float, dry_run: bool) -> list[str]:
+    """Delete the data files of the Delta table at ``parts`` that no kept version references; their paths, sorted.
+
+    Works on the latest version, read now (never a pinned handle: a file
+    committed after it would look unreferenced). Two kinds of files go:
+
+    * files the log removed (compaction, delete, eviction) longer than
+      ``retention_hours`` ago: versions superseded before then lose them
+      (deltalake's vacuum, logged as ``VACUUM START``/``VACUUM END``);
+    * files the log never named (a crash leftover, or a commit in flight:
+      written, not committed yet), once older than ``retention_hours`` *and*
+      :data:`UNREFERENCED_FLOOR_HOURS`, whatever retention is asked for.
+
+    A file the latest version references is never removed, and neither is
+    one whose name the log mentions at all (names are unique: a UUID each;
+    compared by name, so percent-encoded partition directories cannot hide
+    a reference). The caller checks ``retention_hours`` against
+    :data:`MIN_RETENTION_HOURS`.
+    """
+    uri = loc.child_url(*parts)
+    delay = 0.01
+    for n in range(COMMIT_RETRIES):
+        try:
+            return _vacuum_once(loc, parts, retention_hours, dry_run)
+        except CommitFailedError as exc:  # its VACUUM START/END entry lost a race: plan again on the new version
+            if n == COMMIT_RETRIES - 1:
+                raise CommitConflictError(
+                    f"vacuum of {uri} conflicted {COMMIT_RETRIES} times with concurrent commits: {exc}"
+                ) from exc
+        time.sleep(delay)  # back off before retrying a lost optimistic-concurrency race
+        delay = min(delay * 2, 1.0)
+    raise AssertionError("unreachable")
+
+
+def _vacuum_once(loc: Location, parts: tuple[str, ...], retention_hours: float, dry_run: bool) -> list[str]:
+    """One attempt of :func:`vacuum_table_files` (CommitFailedError when its log entry conflicts)."""
+    uri = loc.child_url(*parts)
+    try:
+        dt = DeltaTable(uri, storage_options=loc.delta_options())
+    except TableNotFoundError:
+        return []
+    except Exception as exc:
+        raise table_error(exc, loc, f"vacuum of {uri}") from exc
+    now = time.time()
+    hours = math.ceil(retention_hours) if retention_hours > 0 else 0
+    try:
+        removed = {_name(p) for p in dt.vacuum(retention_hours=0, dry_run=True, enforce_retention_duration=False)}
+        live = {_name(p) for p in pa.table(dt.get_add_actions(flatten=True)).column("path").to_pylist()}
+        expired = {_name(p) for p in dt.vacuum(retention_hours=hours, dry_run=True, enforce_retention_duration=False)}
+        # listed after the version was read: a file committed since is in it or younger than the floor
+        on_disk = _stored_files(loc, parts)
+        if expired and not dry_run:
+            props = CommitProperties(custom_metadata={OPERATION_KEY: "VACUUM"})
+            done = dt.vacuum(retention_hours=hours, dry_run=False, enforce_retention_duration=False,
+                             commit_properties=props)
+            expired |= {_name(p) for p in done}
+    except CommitFailedError:
+        raise
+    except Exception as exc:
+        raise table_error(exc, loc, f"vacuum of {uri}") from exc
+    cutoff = now - max(retention_hours, UNREFERENCED_FLOOR_HOURS) * 3600.0
+    out = []
+    for path, (_, mtime) in on_disk.items():
+        name = _name(path)
+        if name in live:
+            continue
+        if name in expired:
+            out.append(path)  # removed by deltalake's vacuum above (unless dry_run)
+        elif name not in removed and mtime < cutoff:
+            out.append(path)
+            if not dry_run:
+                with contextlib.suppress(FileNotFoundError):  # a concurrent vacuum removed it first
+                    loc.fs.rm(path)
+    return sorted(out)
+
+
+def _name(path: str) -> str:
+    return path.rstrip("/").rsplit("/", 1)[-1]
+
+
+def log_entries(loc: Location) -> list[str]:
+    """Paths of the commit entries (one JSON file per version) of the Delta log at ``loc``, sorted."""
+    return sorted(loc.fs.glob(loc.child(*layout.log_parts(), layout.LOG_ENTRY_PATTERN)))
+
+
+def read_table_file(loc: Location, path: str, columns: list[str] | None = None) -> pa.Table:
+    """One Parquet file, read whole in this thread and decoded from memory.
+
+    Handing Arrow a Python file object lets Arrow's IO threads call back into
+    Python (read-ahead); one still doing so when the interpreter exits aborts
+    the process ("terminate called without an active exception").
+    """
+    return pq.read_table(pa.BufferReader(loc.fs.cat_file(path)), columns=columns)
+
+
+def log_problems(loc: Location) -> list[tuple[str, str]]:
+    """``(path, what is wrong)`` of each unparseable log entry (not one JSON action per line) and checkpoint."""
+    out: list[tuple[str, str]] = []
+    for path in log_entries(loc):
+        try:
+            with loc.fs.open(path, "rb") as fh:
+                for line in fh.read().decode().splitlines():
+                    if line.strip():
+                        json.loads(line)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            out.append((path, f"commit entry is not valid JSON: {exc}"))
+    for path in sorted(loc.fs.glob(loc.child(*layout.log_parts(), layout.CHECKPOINT_PATTERN))):
+        try:
+            pq.read_metadata(pa.BufferReader(loc.fs.cat_file(path)))
+        except (OSError, pa.ArrowException) as exc:
+            out.append((path, f"checkpoint unreadable: {exc}"))
+    return out
+
+
+def compact_table(loc: Location, dt: DeltaTable) -> None:
+    """Merge small files of the latest version and write a checkpoint, through the handle ``dt``.
+
+    deltalake lets two compactions of the same files both commit (their
+    removes carry dataChange=false, which its conflict checker accepts),
+    and every row the two share is then duplicated. So a compaction
+    starts from the latest version and, on local disk, holds an exclusive
+    lock file; a compaction that finds it held is skipped (nothing changes).
+    A compaction that loses a race with a commit (a delete or eviction
+    removed a file it rewrote) starts again from the new latest version,
+    up to :data:`COMMIT_RETRIES` times, then raises
+    :class:`CommitConflictError`; storage faults raise
+    :class:`~episodelake.errors.StorageError`. History names it ``COMPACT``.
+    """
+    if not _lock_compaction(loc):
+        return
+    try:
+        delay = 0.01
+        for n in range(COMMIT_RETRIES):
+            try:
+                dt.update_incremental()
+                dt.optimize.compact(commit_properties=CommitProperties(custom_metadata={OPERATION_KEY: "COMPACT"}))
+                break
+            except CommitFailedError as exc:
+                if n == COMMIT_RETRIES - 1:
+                    raise CommitConflictError(
+                        f"compaction of {loc.url} conflicted {COMMIT_RETRIES} times with concurrent commits: {exc}"
+                    ) from exc
+            except Exception as exc:
+                err = table_error(exc, loc, "compaction")
+                read = dt.version()
+                dt.update_incremental()
+                if not isinstance(err, CorruptionError) or dt.version() == read or n == COMMIT_RETRIES - 1:
+                    raise err from exc
+                # a file of the version it read went meanwhile (see EpisodeTable._commit): try the new one
+            time.sleep(delay)  # back off before retrying a lost optimistic-concurrency race
+            delay = min(delay * 2, 1.0)
+        dt.create_checkpoint()
+    except EpisodeLakeError:
+        raise
+    except Exception as exc:
+        raise table_error(exc, loc, "compaction") from exc
+    finally:
+        if loc.is_local:
+            os.remove(loc.child(*layout.compact_lock_parts()))
+
+
+def _lock_compaction(loc: Location) -> bool:
+    """Create the compaction lock (local disk only; a lock older than COMPACT_LOCK_STALE_S is broken)."""
+    if not loc.is_local:
+        return True  # object stores: no lock file (see docs/reliability.md)
+    path = loc.child(*layout.compact_lock_parts())
+    for _ in range(2):
+        try:
+            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            return True
+        except FileExistsError:
+            try:
+                if time.time() - os.path.getmtime(path) < COMPACT_LOCK_STALE_S:
+                    return False
+                os.remove(path)  # left by a compactor that was killed
+            except FileNotFoundError:
+                pass
+    return False
+
+
+def _props(operation: str, token: str | None, added: int, removed: int) -> CommitProperties:
+    """Commit properties of an episodelake commit: its name and counts for history, its token; no deltalake retries."""
+    meta = {OPERATION_KEY: operation, ADDED_KEY: str(added), REMOVED_KEY: str(removed)}
+    if token is not None:
+        meta[TOKEN_KEY] = token
+    return CommitProperties(custom_metadata=meta, max_commit_retries=0)
+
+
+def _rows_token(rows: pa.Table) -> str:
+    """A token for the commit of ``rows``, the same for every attempt to commit them (episode ids are unique)."""
+    if not len(rows):
+        return uuid.uuid4().hex
+    ids = rows["episode_id"]
+    return f"{ids[0].as_py()}:{ids[len(ids) - 1].as_py()}:{len(rows)}"
+
+
+_DELTA_NAMES = {"OPTIMIZE": "COMPACT", "CREATE TABLE": "CREATE", "SET TBLPROPERTIES": "SET PROPERTIES"}
+
+
+def named_commit(entry: dict[str, Any]) -> dict[str, Any]:
+    """A history entry with ``operation`` naming what episodelake did, Delta's name kept as ``delta_operation``.
+
+    Names: ``CREATE``, ``APPEND``, ``EVICT`` (episodes added, the oldest
+    removed to fit the capacity), ``DELETE``, ``CLEAR``, ``COMPACT``,
+    ``VACUUM START``/``VACUUM END``, ``ADD COLUMN`` and ``UPDATE`` (derived
+    columns). ``episodes_added``/``episodes_removed`` count the episodes
+    (None where the commit does not record them: commits of episodelake
+    0.2 and older, named from Delta's operation).
+    """
+    out = dict(entry)
+    delta = entry.get("operation")
+    name = entry.get(OPERATION_KEY)
+    params = entry.get("operationParameters") or {}
+    if name is None or name == "VACUUM":
+        if delta == "WRITE" and params.get("mode") == "Overwrite":
+            name = "DELETE" if params.get("predicate") else "CLEAR"
+        elif delta == "WRITE":
+            name = "APPEND"
+        else:
+            name = _DELTA_NAMES.get(str(delta), delta)
+    out["delta_operation"] = delta
+    out["operation"] = name
+    for key, counted in ((ADDED_KEY, "episodes_added"), (REMOVED_KEY, "episodes_removed")):
+        value = entry.get(key)
+        out[counted] = int(value) if value is not None else None
+    if out["episodes_added"] is None and name == "APPEND":
+        out["episodes_added"] = (entry.get("operationMetrics") or {}).get("num_added_rows")
+    return out
+
+
+def table_error(exc: BaseException, loc: Location, doing: str) -> EpisodeLakeError:
+    """The episodelake error for a raw deltalake/Arrow/OS failure of ``doing`` on ``loc``'s tables.
+
+    A storage fault is a :class:`~episodelake.errors.StorageError`; anything
+    else deltalake reports about the table (a file or log entry it cannot
+    read or parse) is a :class:`CorruptionError` naming the table.
+    """
+    if isinstance(exc, EpisodeLakeError):
+        return exc
+    err = storage_fault(exc, dataset=loc.url, object=loc.delta_uri(), doing=doing)
+    if err is not None:
+        return err
+    if isinstance(exc, DeltaError | OSError | pa.ArrowException):
+        return CorruptionError(f"{doing} failed at {loc.url}: the table cannot be read ({type(exc).__name__}: {exc})")
+    raise exc
+
+
+_COMPACTORS: set[threading.Thread] = set()
+_COMPACTORS_LOCK = threading.Lock()
+
+
+def join_compactions() -> None:
+    """Wait for every background compaction this process started (run at interpreter exit, callable any time)."""
+    with _COMPACTORS_LOCK:
+        running = list(_COMPACTORS)
+        _COMPACTORS.clear()
+    for thread in running:
+        if thread is not threading.current_thread():
+            thread.join()
+
+
+# threading's exit hooks run at the start of interpreter shutdown (before atexit callbacks and native
+# destructors); they run newest first, so the exit commit of commit.py (registered later) runs before this.
+threading._register_atexit(join_compactions)  # type: ignore[attr-defined]

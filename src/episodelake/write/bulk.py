@@ -1,0 +1,222 @@
+"""Bulk writes: whole episodes validated many at a time and committed in large, size-bounded batches.
+
+Contracts (the promises of docs/writing.md, "Bulk writes"):
+
+* A bulk call (:meth:`Dataset.append_episodes`, :meth:`Dataset.from_episodes`,
+  the importers) makes one table commit per batch of :data:`BULK_EPISODES`
+  episodes, or fewer when their bytes reach the writer's ``commit_bytes``
+  (the batch closes with the episode that reaches it). Finished episodes
+  already pending join the first commit. The rest after the last full batch
+  is treated like finished step episodes: committed at once when, with the
+  pending ones, it fires a trigger (``commit_episodes``, ``commit_bytes``,
+  ``commit_seconds``), else pending until the next one (a read, ``flush()``).
+* A batch is committed only after every one of its episodes passed
+  validation, and nothing of it is visible before its commit lands.
+  Columnar calls (``lengths=``) validate every episode before the first
+  commit: a rejected one leaves the dataset as it was. In a stream of dicts a
+  rejected episode raises :class:`ValidationError` naming its index; batches
+  the call committed before it stay, the rest of the call is not written, the
+  episodes pending before the call stay pending.
+* A killed process leaves only whole committed batches.
+
+Dicts are read in groups of up to :data:`GROUP_EPISODES`: each episode's
+arrays are only collected (plain episodes) and the group is validated as
+columns in one vectorized pass (:func:`checks.batch_from_columns`); when a
+group fails, its episodes are checked one by one so the error names the
+first bad episode exactly as :func:`checks.episode_from_dict` words it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any, TypeGuard
+
+import numpy as np
+
+from ..core.checks import batch_from_columns, episode_from_dict
+from ..core.episode import EpisodeBatch, FinishedEpisode, batch_of, concat_batches, concat_rows, rows_for
+from ..core.errors import ArgumentError, ValidationError
+from ..core.schema import EPISODE_KEYS, DatasetSchema
+from .commit import CommitSink
+
+BULK_EPISODES = 100_000
+GROUP_EPISODES = 4096  # dict episodes validated per vectorized pass
+_PLAIN_KEYS = frozenset({"terminated", "truncated", "meta", *EPISODE_KEYS})
+
+
+def append(sink: CommitSink, episodes: Iterable[Mapping[str, Any]] | Mapping[str, Any], lengths: Any = None) -> int:
+    """Validate and write episodes in bulk (dicts, or columns with ``lengths``); returns how many."""
+    with sink.lock:  # a read in another thread must not commit part of a batch
+        batches = _Batches(sink)
+        if lengths is None:
+            if isinstance(episodes, Mapping):
+                raise ArgumentError("append_episodes takes an iterable of episode dicts, or columns with lengths=")
+            count = 0
+            for group in _groups(sink, episodes):
+                batches.add(group)
+                count += len(group)
+        else:
+            if not isinstance(episodes, Mapping):
+                raise ArgumentError("with lengths=, append_episodes takes one mapping of concatenated columns")
+            batches.add(batch_from_columns(sink.schema, episodes, lengths))
+            count = batches.seen
+        batches.finish()
+        return count
+
+
+class _Batches:
+    """Validated episodes on their way to commits of at most ``BULK_EPISODES`` episodes / ``commit_bytes``."""
+
+    def __init__(self, sink: CommitSink) -> None:
+        self.sink = sink
+        self.fields = sink.schema.step_fields
+        self.parts: list[EpisodeBatch] = []
+        self.count = 0
+        self.nbytes = 0
+        self.seen = 0
+
+    def add(self, batch: EpisodeBatch) -> None:
+        """Take ``batch``; commit each batch that reaches a bound, closing it at the episode that does."""
+        self.seen += len(batch)
+        sizes = sum((batch.row_starts(f)[1:] - batch.row_starts(f)[:-1]) * f.step_bytes for f in self.fields)
+        total = np.cumsum(np.asarray(sizes, dtype=np.int64) + np.zeros(len(batch), dtype=np.int64))
+        a = 0
+        while a < len(batch):
+            before = int(total[a - 1]) if a else 0
+            reach = int(np.searchsorted(total, before + self.sink.commit_bytes - self.nbytes, side="left")) + 1
+            b = min(reach, a + BULK_EPISODES - self.count, len(batch))
+            self.parts.append(batch.take(self.fields, a, b))
+            self.count += b - a
+            self.nbytes += int(total[b - 1]) - before
+            if self.count >= BULK_EPISODES or self.nbytes >= self.sink.commit_bytes:
+                self._commit()
+            a = b
+
+    def _commit(self) -> None:
+        self.sink.commit_batch(concat_batches(self.sink.schema, self.parts))
+        self.parts, self.count, self.nbytes = [], 0, 0
+
+    def finish(self) -> None:
+        """The rest: committed now if it fires a trigger with the pending episodes, else queued behind them."""
+        if not self.parts:
+            return
+        if self.sink.due(self.count, self.nbytes):
+            self._commit()
+        else:
+            self.sink.submit_many(concat_batches(self.sink.schema, self.parts))
+            self.parts = []
+
+
+def _groups(sink: CommitSink, episodes: Iterable[Mapping[str, Any]]) -> Iterable[EpisodeBatch]:
+    """Validated batches of consecutive dict episodes (at most ``GROUP_EPISODES``, about ``commit_bytes``)."""
+    group: list[Mapping[str, Any]] = []
+    first = nbytes = 0
+    for i, ep in enumerate(episodes):
+        if not group:
+            first = i
+        group.append(ep)
+        nbytes += _raw_bytes(ep)
+        if len(group) >= GROUP_EPISODES or nbytes >= sink.commit_bytes:
+            yield _validate_group(sink.schema, group, first)
+            group, nbytes = [], 0
+    if group:
+        yield _validate_group(sink.schema, group, first)
+
+
+def _raw_bytes(ep: Any) -> int:
+    """Bytes of an episode's arrays as given (bounds the memory a group holds; 0 for a non-mapping)."""
+    out = 0
+    for value in ep.values() if _is_mapping(ep) else ():
+        if isinstance(value, np.ndarray):
+            out += value.nbytes
+        elif type(value) is dict:
+            out += sum(getattr(v, "nbytes", 0) for v in value.values())
+    return out
+
+
+def _is_mapping(value: Any) -> TypeGuard[Mapping[str, Any]]:
+    """``isinstance(value, Mapping)``, fast for the common arrays and dicts (ABC checks cost a microsecond)."""
+    return not isinstance(value, np.ndarray) and (type(value) is dict or isinstance(value, Mapping))
+
+
+def _validate_group(schema: DatasetSchema, group: list[Mapping[str, Any]], first: int) -> EpisodeBatch:
+    """One vectorized validation of ``group``; on failure the first bad episode is named (its own check)."""
+    plain = _as_columns(schema, group)
+    if plain is not None:
+        try:
+            return batch_from_columns(schema, *plain)
+        except ValidationError:
+            pass  # find and name the episode below
+    finished: list[FinishedEpisode] = [
+        episode_from_dict(schema, ep, f"episode {first + i}") for i, ep in enumerate(group)
+    ]
+    if plain is not None:  # each episode passes alone but not together: should not happen; say so
+        raise ValidationError(f"episodes {first}..{first + len(group) - 1} pass one by one but not as a batch")
+    return batch_of(schema, finished)
+
+
+def _as_columns(schema: DatasetSchema, group: list[Mapping[str, Any]]) -> tuple[dict[str, Any], np.ndarray] | None:
+    """``group`` as concatenated columns and lengths, or None unless every episode is plain.
+
+    Plain: a mapping with only the keys of the columnar form (no ``initial_observation``), scalar flags,
+    every role given with exactly the schema's fields, known meta fields. Anything else takes the
+    episode-by-episode path, whose errors are the reference. (The per-episode loop is the hot path of
+    dict imports: it only collects.)
+    """
+    roles = [(key, [f.name for f in schema.role_fields(role)]) for key, role in EPISODE_KEYS.items()]
+    roles = [(key, names) for key, names in roles if names]
+    collected: dict[str, list[list[Any]]] = {key: [[] for _ in names] for key, names in roles}
+    plan = [(key, names, collected[key], len(names) == 1) for key, names in roles]
+    meta_names = [f.name for f in schema.meta_fields]
+    meta: dict[str, list[Any]] = {n: [] for n in meta_names}
+    terminated, truncated, lengths = [], [], []
+    if "actions" not in collected:
+        return None
+    actions = collected["actions"][0]
+    for ep in group:
+        if not _is_mapping(ep) or not _PLAIN_KEYS.issuperset(ep):
+            return None
+        for key, names, out, single in plan:
+            value = ep.get(key)
+            if single and isinstance(value, np.ndarray):
+                out[0].append(value)
+            elif _is_mapping(value) and len(value) == len(names) and all(n in value for n in names):
+                for n, lst in zip(names, out, strict=True):
+                    lst.append(value[n])
+            else:
+                return None  # absent, nested or incomplete: the reference path fills defaults or names it
+        flags = ep.get("terminated", False), ep.get("truncated", False)
+        if not all(f is True or f is False or isinstance(f, np.bool_) for f in flags):
+            return None
+        terminated.append(flags[0])
+        truncated.append(flags[1])
+        given = ep.get("meta")
+        if given:
+            if not all(n in meta for n in given):
+                return None
+            for n, lst in meta.items():
+                lst.append(given.get(n))
+        else:
+            for lst in meta.values():
+                lst.append(None)
+        lengths.append(np.shape(actions[-1])[0] if np.ndim(actions[-1]) else 0)
+    steps = np.array(lengths, dtype=np.int64)
+    for key, role in EPISODE_KEYS.items():
+        if key not in collected:
+            continue
+        want = rows_for(schema.role_fields(role)[0], steps)
+        for lst in collected[key]:
+            rows = np.fromiter((np.shape(v)[0] if np.ndim(v) else -1 for v in lst), np.int64, len(lst))
+            if not np.array_equal(rows, want):  # also catches errors that cancel out in the totals
+                return None
+    try:
+        columns: dict[str, Any] = {
+            key: {n: concat_rows(lst) for n, lst in zip(names, collected[key], strict=True)} for key, names in roles
+        }
+    except ValueError:  # ragged shapes: the reference path names the episode
+        return None
+    for key, role in EPISODE_KEYS.items():
+        if key in columns and schema.unwrapped(role):
+            columns[key] = next(iter(columns[key].values()))
+    columns.update(terminated=np.array(terminated), truncated=np.array(truncated), meta=meta)
+    return columns, steps
