@@ -62,7 +62,8 @@ def unit_of(parts: list[str]) -> tuple[str, str]:
 
 def source_unit(path: Path) -> tuple[str, str]:
     rel = path.relative_to(PACKAGE)
-    return unit_of([*rel.parts[:-1], rel.stem] if rel.stem != "__init__" or len(rel.parts) > 2 else list(rel.parts[:-1]))
+    inner = rel.stem != "__init__" or len(rel.parts) > 2
+    return unit_of([*rel.parts[:-1], rel.stem] if inner else list(rel.parts[:-1]))
 
 
 def _is_module(parts: list[str]) -> bool:

@@ -573,7 +573,7 @@ def test_chunk_cache_is_bounded_least_recently_used():
     off.put("a", np.zeros(1))
     assert off.get("a") is None and off.nbytes == 0
     env = {**os.environ, "EPISODELAKE_DECODED_CACHE_MB": "0"}
-    code = "from episodelake import codecs; print(codecs.decoded_cache.limit)"
+    code = "from episodelake.core import codecs; print(codecs.decoded_cache.limit)"
     assert subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True).stdout.strip() == "0"
 
 
