@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from . import lifecycle
 from .errors import MissingDependencyError
 
 BLOSC_NAMES = ("lz4", "lz4hc", "zstd")
@@ -390,7 +391,7 @@ def _reset_after_fork() -> None:
     decoded_cache._lock = threading.Lock()
 
 
-os.register_at_fork(after_in_child=_reset_after_fork)
+lifecycle.after_fork("codecs", _reset_after_fork)
 
 
 def register_zarr_codecs() -> None:

@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from ..core import lifecycle
 from ..core.episode import extra_rows, rows_for
 from ..core.errors import CorruptionError
 from ..core.schema import FieldSpec
@@ -445,7 +446,7 @@ def _reset_lock_after_fork() -> None:
     _READER_LOCK = threading.Lock()  # a parent's prefetch thread may have held it at fork time
 
 
-os.register_at_fork(after_in_child=_reset_lock_after_fork)
+lifecycle.after_fork("batching", _reset_lock_after_fork)
 
 
 def reader_for(snap: Snapshot) -> WindowReader:

@@ -50,7 +50,6 @@ never a pass over steps or tensors.
 
 from __future__ import annotations
 
-import atexit
 import os
 import threading
 import weakref
@@ -62,6 +61,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..core import lifecycle
 from ..core.errors import ArgumentError, CorruptionError, EpisodeLakeError, QueryError
 from ..core.schema import DatasetSchema, FieldSpec
 from ..core.stats import STAT_PARTS, StatsTable, stat_column, stat_fields, value_moments, values_moments
@@ -260,7 +260,6 @@ def database(sandbox: bool = False) -> duckdb.DuckDBPyConnection:
         return db[1]
 
 
-@atexit.register
 def _close_databases_at_exit() -> None:
     """Close every DuckDB connection and the database before the interpreter tears down (its threads with it)."""
     with _STATE_LOCK:
@@ -273,6 +272,9 @@ def _close_databases_at_exit() -> None:
     for pid, con in dbs:
         if pid == os.getpid():
             con.close()
+
+
+lifecycle.on_exit("databases", _close_databases_at_exit)
 
 
 def _state(snap: Snapshot) -> _SnapshotSQL:

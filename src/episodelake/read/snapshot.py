@@ -13,7 +13,6 @@ Readers of a snapshot see exactly the episodes of its version.
 
 from __future__ import annotations
 
-import atexit
 import gc
 import os
 import threading
@@ -30,6 +29,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import tensorstore as ts
 
+from ..core import lifecycle
 from ..core.episode import extra_rows, rows_for
 from ..core.errors import CorruptionError, StorageError
 from ..core.growable import append_rows
@@ -156,7 +156,6 @@ class ScanBase:
 _LIVE: weakref.WeakSet[Snapshot] = weakref.WeakSet()
 
 
-@atexit.register
 def _release_arrow_at_exit() -> None:
     """Drop every snapshot's Arrow dataset and collect, while Arrow and the interpreter are fully alive.
 
@@ -168,6 +167,9 @@ def _release_arrow_at_exit() -> None:
     for snap in list(_LIVE):
         snap._dataset = None
     gc.collect()
+
+
+lifecycle.on_exit("snapshots", _release_arrow_at_exit)
 
 
 class Snapshot:

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 import tensorstore as ts
 
+from ..core import lifecycle
 from .diskcache import CacheConfig, DiskCache, MemoryCache
 from .engine import engine_usable, start_engine, wait
 from .faults import storage_fault
@@ -223,4 +224,4 @@ def _reset_after_fork() -> None:
     _FETCHERS_LOCK = threading.Lock()  # a parent thread may have held it at fork time
 
 
-os.register_at_fork(after_in_child=_reset_after_fork)
+lifecycle.after_fork("fetchers", _reset_after_fork)

@@ -15,7 +15,7 @@ RAM-backed tmpfs (``/dev/shm`` where present), removed when the last
 
 from __future__ import annotations
 
-import atexit
+import functools
 import hashlib
 import json
 import os
@@ -31,6 +31,7 @@ from typing import Any
 import fsspec
 import pyarrow.fs as pafs
 
+from ..core import lifecycle
 from ..core.errors import ArgumentError, LocationError
 from . import layout
 from .diskcache import CacheConfig
@@ -361,7 +362,7 @@ class _CredentialFiles:
                 self._dir = tempfile.mkdtemp(prefix="episodelake-aws-", dir=_ram_dir())
                 self._owner = os.getpid()
                 self._profiles = {}
-                atexit.register(self._remove, self._dir, self._owner)
+                lifecycle.on_exit("temp dirs", functools.partial(self._remove, self._dir, self._owner))
             if name not in self._profiles:
                 self._profiles[name] = (key, secret, token)
                 self._write()

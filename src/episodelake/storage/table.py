@@ -31,6 +31,7 @@ import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 
+from ..core import lifecycle
 from ..core.errors import ArgumentError, CommitConflictError, CorruptionError, DatasetNotFoundError, EpisodeLakeError
 from ..core.schema import DatasetSchema
 from ..core.stats import STAT_PARTS, has_stats, stat_column
@@ -739,6 +740,4 @@ def join_compactions() -> None:
             thread.join()
 
 
-# threading's exit hooks run at the start of interpreter shutdown (before atexit callbacks and native
-# destructors); they run newest first, so the exit commit of commit.py (registered later) runs before this.
-threading._register_atexit(join_compactions)  # type: ignore[attr-defined]
+lifecycle.on_exit("compactions", join_compactions)  # after the exit commit, which may start one

@@ -32,7 +32,6 @@ Contracts:
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import dataclasses
 import errno
@@ -49,6 +48,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from ..core import lifecycle
 from ..core.episode import EpisodeBatch, FinishedEpisode, batch_of, concat_batches
 from ..core.errors import EpisodeLakeError, EpisodeStateError, ReadOnlyError, StorageError, ValidationError
 from ..core.schema import FieldSpec
@@ -148,9 +148,7 @@ def _commit_at_exit() -> None:
             print(" ".join(line.split()), file=sys.stderr)
 
 
-# threading's exit hooks run before concurrent.futures shuts its pools down (atexit runs after).
-_register = getattr(threading, "_register_atexit", atexit.register)
-_register(_commit_at_exit)
+lifecycle.on_exit("commit", _commit_at_exit)  # a threading-exit stage: the summaries still use the pools
 
 
 class CommitSink:
