@@ -34,7 +34,7 @@ import pyarrow as pa
 from .core.errors import ArgumentError, QueryError, SchemaError
 from .core.schema import DatasetSchema
 from .dataset import Dataset, DatasetView, EpisodeCollection, EpisodeRef
-from .read.query import column_numpy, database
+from .read.query import database
 from .read.selection import select
 from .sampling.batch import SegmentBatch, Transitions
 from .sampling.segment_index import check_positive, check_seed
@@ -136,7 +136,9 @@ class ConcatView:
         if view not in self._tables:
             tables = []
             for s, src in enumerate(self.sources):
-                tbl = src.sql_arrow(f"SELECT * FROM {view}")
+                rows = src.sql(f"SELECT * FROM {view}")
+                assert rows is not None  # a SELECT has rows
+                tbl = rows.to_arrow_table()
                 tables.append(tbl.add_column(0, SOURCE, pa.array(np.full(tbl.num_rows, s, np.int64))))
             self._tables[view] = tables
         return self._tables[view]
@@ -161,21 +163,6 @@ class ConcatView:
             return self._connect(query).sql(query, params=params)
         except duckdb.Error as exc:
             raise QueryError(f"SQL error in {query!r}: {exc}") from exc
-
-    def sql_arrow(self, query: str, params: Any = None) -> pa.Table:
-        """:meth:`sql` fetched as a ``pyarrow.Table``."""
-        rel = self.sql(query, params)
-        if rel is None:
-            raise QueryError(f"query {query!r} returns no rows to fetch")
-        try:
-            return rel.to_arrow_table()
-        except duckdb.Error as exc:
-            raise QueryError(f"SQL error in {query!r}: {exc}") from exc
-
-    def sql_numpy(self, query: str, params: Any = None) -> dict[str, np.ndarray]:
-        """:meth:`sql` fetched as NumPy columns (uniform list columns become array axes)."""
-        tbl = self.sql_arrow(query, params)
-        return {name: column_numpy(tbl.column(name)) for name in tbl.column_names}
 
     def where(self, predicate: str) -> ConcatView:
         """The episodes for which a SQL predicate over the stacked ``episodes`` view holds (same weights)."""

@@ -23,29 +23,29 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .core.checks import episode_from_dict
 from .core.episode import python_meta, rows_for
-from .core.errors import ArgumentError, ReadOnlyError
-from .core.schema import DatasetSchema, FieldSpec, infer_schema
+from .core.errors import ArgumentError
+from .core.schema import DatasetSchema, infer_schema
 from .core.segments import Segment
 from .ops.copy import KEEP
+from .ops.namespaces import Columns, Maintenance
 from .read.snapshot import ScanBase, Snapshot
 from .storage.faults import storage_fault
 from .storage.location import Location, resolve
 from .storage.retention import Capacity, check_ids
 from .storage.store import Store
 from .write.bulk import append as bulk_append
+from .write.bulk import check as bulk_check
 from .write.commit import CommitSink
 from .write.writer import EpisodeWriter, VectorEpisodeWriter
 
 if TYPE_CHECKING:
-    import pyarrow as pa
     from numpy.typing import ArrayLike
 
-    from .ops.maintenance import VacuumReport, ValidationReport
     from .read.changes import Changes
     from .read.query import SQLResult
     from .sampling.batch import Transitions
+    from .sampling.options import Shard, Strategy, Window
     from .sampling.samplers import Sampler
     from .sampling.segment_dataset import SegmentDataset
     from .sampling.stream import SegmentStream
@@ -153,8 +153,16 @@ class EpisodeCollection:
     def num_steps(self) -> int:
         return int(self.snapshot().lengths[self.positions].sum())
 
-    def episode(self, i: int) -> EpisodeRef:
-        """The ``i``-th episode (negative indices count from the end)."""
+    def episode(self, i: int | None = None, *, id: int | None = None) -> EpisodeRef:
+        """The ``i``-th episode (negative indices count from the end), or the one whose episode id is ``id``.
+
+        Exactly one of ``i`` and ``id`` (:class:`ArgumentError` otherwise); an
+        index out of range raises IndexError, an id not among these episodes KeyError.
+        """
+        if (i is None) == (id is None):
+            raise ArgumentError("episode takes a position i or id=, exactly one of them")
+        if id is not None:
+            return self._episode_by_id(id)
         n = len(self)
         if not isinstance(i, int | np.integer) or isinstance(i, bool):
             raise TypeError(f"episode index must be an int, got {type(i).__name__}")
@@ -162,7 +170,7 @@ class EpisodeCollection:
             raise IndexError(f"episode index {i} out of range for {n} episodes")
         return EpisodeRef(self.snapshot(), int(self.positions[i]))
 
-    def episode_by_id(self, episode_id: int) -> EpisodeRef:
+    def _episode_by_id(self, episode_id: int) -> EpisodeRef:
         snap = self.snapshot()
         try:
             pos = int(snap.positions_of(np.array([episode_id]))[0])
@@ -193,18 +201,6 @@ class EpisodeCollection:
 
         return run_sql(self, query, params, sandbox)
 
-    def sql_arrow(self, query: str, params: Any = None, sandbox: bool = False) -> pa.Table:
-        """:meth:`sql` fetched as a ``pyarrow.Table``."""
-        from .read.query import sql_arrow
-
-        return sql_arrow(self, query, params, sandbox)
-
-    def sql_numpy(self, query: str, params: Any = None, sandbox: bool = False) -> dict[str, np.ndarray]:
-        """:meth:`sql` fetched as NumPy columns (uniform list columns become array axes)."""
-        from .read.query import sql_numpy
-
-        return sql_numpy(self, query, params, sandbox)
-
     def where(self, predicate: str, params: Any = None) -> DatasetView:
         """Episodes matching a SQL predicate over the ``episodes`` view; ``params`` binds its ``?``/``$name``."""
         from .read.query import where
@@ -229,66 +225,56 @@ class EpisodeCollection:
 
         return stats(self, fields)
 
-    # ---- sampling (segment_dataset.py, stream.py, transitions.py)
+    # ---- sampling (segment_dataset.py, stream.py, transitions.py; options: options.py)
     def segments(
         self,
-        sequence_length: int,
+        window: Window | int,
         *,
-        pad: str | None = "suffix",
-        stride: int = 1,
         where: str | None = None,
         filter: Callable[[EpisodeRef], bool] | None = None,
-        shard: Sequence[int] | None = None,
+        shard: Shard | Sequence[int] | None = None,
         transform: Mapping[str, Any] | None = None,
     ) -> SegmentDataset:
         """Map-style dataset of fixed-length segments (PyTorch DataLoader ready).
 
-        ``pad``: ``"suffix"``, ``"prefix"`` or None (skip short episodes);
-        ``stride``: distance between segment starts; ``where`` (SQL predicate)
+        ``window``: an ``el.Window`` (length, ``pad``: ``"suffix"``,
+        ``"prefix"`` or None to skip short episodes; ``stride``: distance
+        between segment starts) or an int length; ``where`` (SQL predicate)
         and ``filter`` (callable on each :class:`EpisodeRef`) narrow the
-        episodes; ``shard=(rank, world_size)``: this rank's disjoint part;
-        ``transform``: per field key, a :class:`~episodelake.transforms.FrameTransform`
-        (crop/resize/normalize/layout on decode) or a callable on the batch array.
-        See :class:`segment_dataset.SegmentDataset`.
+        episodes; ``shard``: ``(rank, world)`` or an ``el.Shard``, this rank's
+        disjoint part; ``transform``: per field key, a
+        :class:`~episodelake.transforms.FrameTransform` (crop/resize/normalize/layout
+        on decode) or a callable on the batch array. See
+        :class:`segment_dataset.SegmentDataset`.
         """
         from .sampling.segment_dataset import SegmentDataset
 
-        return SegmentDataset(
-            self, sequence_length, pad=pad, stride=stride, where=where, filter=filter, shard=shard, transform=transform
-        )
+        return SegmentDataset(self, window, where=where, filter=filter, shard=shard, transform=transform)
 
     def segment_stream(
         self,
+        window: Window | int,
         *,
-        sequence_length: int | None = None,
-        context_length: int | None = None,
-        target_length: int | None = None,
         batch_size: int = 64,
+        sampler: Strategy | Sampler | None = None,
         seed: int | None = None,
-        shuffle: bool = True,
-        replacement: bool = True,
-        pad: str | None = "suffix",
-        stride: int = 1,
         where: str | None = None,
         filter: Callable[[EpisodeRef], bool] | None = None,
-        weights: str | ArrayLike | None = None,
-        sampler: Sampler | None = None,
-        shard: Sequence[int] | None = None,
+        shard: Shard | Sequence[int] | None = None,
         prefetch: int = 2,
         drop_last: bool = False,
-        shard_policy: str = "wrap",
-        priority: Any = None,
-        alpha: float | None = None,
-        beta: float | None = None,
         follow: bool = False,
         transform: Mapping[str, Any] | None = None,
     ) -> SegmentStream:
         """The training stream of segment batches (``el.Batch``); every argument: :class:`stream.SegmentStream`.
 
-        Give ``sequence_length``, or ``context_length`` and ``target_length``.
-        Defaults: infinite, uniform with replacement; ``replacement=False`` or
-        ``shuffle=False`` make finite passes; ``priority=`` (``alpha``,
-        ``beta``) prioritized replay, with ``stream.update_priorities``;
+        ``window``: an int length or an ``el.Window`` (context + target,
+        pad, stride). ``sampler``: ``el.Uniform()`` (default: infinite, with
+        replacement), ``el.Uniform(replacement=False)`` or ``el.Sequential()``
+        (finite passes), ``el.Weighted(weights)``,
+        ``el.Prioritized(priority, alpha, beta)`` (prioritized replay, with
+        ``stream.update_priorities``) or a Sampler object; ``shard``:
+        ``(rank, world)`` or ``el.Shard(rank, world, policy)``;
         ``follow=True`` takes in newly committed episodes before each batch
         (``stream.refresh()``); ``transform=`` per field: see :meth:`segments`.
         """
@@ -296,26 +282,15 @@ class EpisodeCollection:
 
         return SegmentStream(
             self,
-            sequence_length,
-            context_length=context_length,
-            target_length=target_length,
+            window,
             batch_size=batch_size,
+            sampler=sampler,
             seed=seed,
-            shuffle=shuffle,
-            replacement=replacement,
-            pad=pad,
-            stride=stride,
             where=where,
             filter=filter,
-            weights=weights,
-            sampler=sampler,
             shard=shard,
             prefetch=prefetch,
             drop_last=drop_last,
-            shard_policy=shard_policy,
-            priority=priority,
-            alpha=alpha,
-            beta=beta,
             follow=follow,
             transform=transform,
         )
@@ -330,13 +305,9 @@ class EpisodeCollection:
         horizon: int = 1,
         seed: int | None = None,
         rng: np.random.Generator | None = None,
+        sampler: Strategy | Sampler | None = None,
         where: str | None = None,
         filter: Callable[[EpisodeRef], bool] | None = None,
-        weights: str | ArrayLike | None = None,
-        sampler: Sampler | None = None,
-        priority: Any = None,
-        alpha: float | None = None,
-        beta: float | None = None,
         transform: Mapping[str, Any] | None = None,
     ) -> Transitions:
         """``batch_size`` single transitions (time axis removed), uniform with replacement by default.
@@ -344,10 +315,11 @@ class EpisodeCollection:
         ``n_step``/``gamma``: n-step returns; ``history``/``horizon``: stacked
         observations before and after; ``rng`` (a ``np.random.Generator``)
         gives a reproducible sequence of calls, ``seed`` one deterministic call.
-        ``weights``/``sampler``/``priority`` (``alpha``, ``beta``) choose the
-        transitions as for ``segment_stream``; keep a ``PrioritizedSampler``
-        as ``sampler=`` to update priorities across calls; ``transform=``
-        per field: see :meth:`segments`. See :func:`transitions.sample_transitions`.
+        ``sampler``: ``el.Uniform()`` (default), ``el.Weighted(weights)``,
+        ``el.Prioritized(priority, alpha, beta)`` or a Sampler object; keep
+        an ``el.PrioritizedSampler`` as ``sampler=`` to update priorities
+        across calls; ``transform=`` per field: see :meth:`segments`. See
+        :func:`transitions.sample_transitions`.
         """
         from .sampling.transitions import sample_transitions
 
@@ -360,13 +332,9 @@ class EpisodeCollection:
             horizon=horizon,
             seed=seed,
             rng=rng,
+            sampler=sampler,
             where=where,
             filter=filter,
-            weights=weights,
-            sampler=sampler,
-            priority=priority,
-            alpha=alpha,
-            beta=beta,
             transform=transform,
         )
 
@@ -389,9 +357,8 @@ class EpisodeCollection:
         self,
         batch_size: int,
         *,
+        sampler: Strategy | None = None,
         seed: int | None = None,
-        shuffle: bool = True,
-        replacement: bool = True,
         drop_last: bool = False,
         where: str | None = None,
         filter: Callable[[EpisodeRef], bool] | None = None,
@@ -399,8 +366,9 @@ class EpisodeCollection:
     ) -> TrajectoryStream:
         """Batches of whole episodes padded to the longest in the batch, with ``mask`` and ``lengths``.
 
-        Infinite with replacement by default; ``replacement=False`` or
-        ``shuffle=False`` make finite passes; ``state_dict()`` resumes. See
+        ``sampler``: ``el.Uniform()`` (default: infinite, with replacement),
+        ``el.Uniform(replacement=False)`` or ``el.Sequential()`` (finite
+        passes); ``state_dict()`` resumes. See
         :class:`trajectories.TrajectoryStream`.
         """
         from .read.selection import select
@@ -412,8 +380,7 @@ class EpisodeCollection:
             [(snap, positions)],
             batch_size,
             seed=seed,
-            shuffle=shuffle,
-            replacement=replacement,
+            sampler=sampler,
             drop_last=drop_last,
             pad_value=pad_value,
         )
@@ -480,18 +447,20 @@ class EpisodeCollection:
             collection = Dataset.open(loc.url, version, storage_options=loc.storage_options, read_only=True)
         return episodes_to_ray(collection, where, columns, tensors, concurrency)
 
-    def segments_to_ray(self, *, sequence_length: int, batch_size: int, seed: int, **options: Any) -> Any:
-        """Rank ``rank``'s segment batches of one pass as an ordered ``ray.data.Dataset``.
+    def segments_to_ray(
+        self, window: Window | int, *, batch_size: int, seed: int, sampler: Strategy | None = None, **options: Any
+    ) -> Any:
+        """This rank's segment batches of one pass as an ordered ``ray.data.Dataset``.
 
-        The same batches as :meth:`segment_stream` with ``replacement=False``
-        and ``shard=(rank, world_size)``; options ``rank``, ``world_size``,
-        ``epoch``, ``start_batch`` (resume after that many global batches),
-        ``shuffle``, ``pad``, ``stride``, ``where``, ``drop_last``,
-        ``shard_policy``, ``concurrency``: see :func:`ray_data.segments_to_ray`.
+        The same batches as :meth:`segment_stream` with the same ``window``,
+        ``sampler`` (``el.Uniform(replacement=False)``, the default, or
+        ``el.Sequential()``) and ``shard``; options ``shard``, ``epoch``,
+        ``start_batch`` (resume after that many global batches), ``where``,
+        ``drop_last``, ``concurrency``: see :func:`ray_data.segments_to_ray`.
         """
         from .sampling.ray_data import segments_to_ray
 
-        return segments_to_ray(self, sequence_length=sequence_length, batch_size=batch_size, seed=seed, **options)
+        return segments_to_ray(self, window, batch_size=batch_size, seed=seed, sampler=sampler, **options)
 
 
 class DatasetView(EpisodeCollection):
@@ -526,7 +495,7 @@ class Dataset(EpisodeCollection):
     """An episode dataset at one root (memory, local disk or object storage)."""
 
     _positions = None
-    verify = False  # check tensor CRC-32s on read (Dataset.open(..., verify=True))
+    _verify = False  # check tensor CRC-32s on read (Dataset.open(..., verify=True))
 
     def __init__(self, store: Store, writer_options: Mapping[str, Any] | None = None) -> None:
         """A dataset over an opened :class:`~episodelake.store.Store` (use :meth:`create` or :meth:`open`)."""
@@ -545,13 +514,15 @@ class Dataset(EpisodeCollection):
     def location(self) -> Location:
         return self._store.location
 
-    @property
-    def descriptor(self) -> dict[str, Any]:
-        return self._store.descriptor
+    @cached_property
+    def maintenance(self) -> Maintenance:
+        """The audit, vacuum and compaction verbs, the descriptor and ``read_only`` (see :class:`Maintenance`)."""
+        return Maintenance(self, self._store)
 
-    @property
-    def read_only(self) -> bool:
-        return self._store.read_only
+    @cached_property
+    def columns(self) -> Columns:
+        """Derived columns: ``columns.add(*specs)``, ``columns.update(values, ...)`` (see :class:`Columns`)."""
+        return Columns(self, self._store)
 
     @property
     def _origin(self) -> Dataset:
@@ -583,7 +554,7 @@ class Dataset(EpisodeCollection):
         ``capacity`` (an int of steps, a dict or :class:`Capacity`) makes a
         replay buffer: each commit evicts the oldest episodes beyond it in the
         same atomic commit (see docs/replay.md); stored with the dataset.
-        Fields declared ``derived=True`` become derived columns (``update``).
+        Fields declared ``derived=True`` become derived columns (``columns.update``).
         """
         location = resolve(path, dict(storage_options or {}))
         try:
@@ -634,7 +605,7 @@ class Dataset(EpisodeCollection):
 
         ``read_only=True`` writes nothing, ever. ``verify=True`` checks each
         episode's tensor rows against their stored CRC-32 on first read
-        (:class:`CorruptionError` on mismatch); ``validate()`` audits everything.
+        (:class:`CorruptionError` on mismatch); ``maintenance.validate()`` audits everything.
         ``cache_bytes`` > 0 keeps up to that many bytes of tensor chunks
         (and shard indexes) in memory, so repeated reads from object storage
         issue no GET (see docs/object-storage.md). ``cache_dir`` (object
@@ -662,7 +633,7 @@ class Dataset(EpisodeCollection):
             cache_dir=None if cache_dir is None else os.fspath(cache_dir),
         )
         ds = cls(store, writer_options=writer_options)
-        ds.verify = verify
+        ds._verify = verify
         return ds
 
     @classmethod
@@ -728,8 +699,7 @@ class Dataset(EpisodeCollection):
 
     # ---- writing
     def _writer(self) -> CommitSink:
-        if self.read_only:
-            raise ReadOnlyError(f"dataset {self.location.url} is open read-only (or at a past version)")
+        self._store.check_writable()
         if self._sink is None or self._sink.pid != os.getpid():
             # A forked child writes under its own writer id; the parent's pending episodes stay the parent's.
             self._sink = CommitSink(self._store, **self._writer_options)
@@ -750,7 +720,11 @@ class Dataset(EpisodeCollection):
         return VectorEpisodeWriter(self._writer(), initial_obs, num_envs, autoreset_mode, meta)
 
     def append_episodes(
-        self, episodes: Iterable[Mapping[str, Any]] | Mapping[str, Any], *, lengths: ArrayLike | None = None
+        self,
+        episodes: Iterable[Mapping[str, Any]] | Mapping[str, Any],
+        *,
+        lengths: ArrayLike | None = None,
+        dry_run: bool = False,
     ) -> int:
         """Validate and append episodes in bulk; returns how many.
 
@@ -763,25 +737,26 @@ class Dataset(EpisodeCollection):
         many episodes per NumPy call and committed in large, size-bounded batches
         (one commit each; see :mod:`episodelake.bulk`). A rejected episode raises
         :class:`ValidationError` naming its index and field; with ``lengths``
-        nothing is written then.
+        nothing is written then. ``dry_run=True`` validates the same way and
+        writes nothing (a read-only dataset too); it returns how many episodes
+        would be appended.
         """
+        if dry_run:
+            return bulk_check(self.schema, episodes, lengths)
         return bulk_append(self._writer(), episodes, lengths)
 
-    def validate_episode(self, episode: Mapping[str, Any]) -> None:
-        """Raise ValidationError if ``episode`` would be rejected; writes nothing."""
-        episode_from_dict(self.schema, episode, "episode")
-
-    def flush(self) -> int | None:
+    def flush(self, *, discard: bool = False) -> int | None:
         """Commit pending finished episodes now; returns the new version (None if none).
 
         Raises :class:`ValidationError` naming the fields, and commits nothing,
         while an ended episode still waits for ``required`` meta.
+        ``discard=True`` commits nothing: it drops this object's finished but
+        uncommitted episodes, held ones included (they are never committed,
+        not at exit either), and returns how many it dropped (0 if none).
         """
-        return self._sink.flush() if self._sink is not None else None
-
-    def discard_pending(self) -> int:
-        """Drop finished but uncommitted episodes, held ones included (never committed); returns how many."""
-        return self._sink.discard() if self._sink is not None else 0
+        if self._sink is None:
+            return 0 if discard else None
+        return self._sink.discard() if discard else self._sink.flush()
 
     def close(self) -> None:
         """:meth:`flush` (the dataset stays usable; reads need no close)."""
@@ -794,25 +769,39 @@ class Dataset(EpisodeCollection):
         self.close()
 
     # ---- deleting (retention.py)
-    def delete(self, episode_ids: Iterable[int] | None = None, *, where: str | None = None, params: Any = None) -> int:
-        """Remove episodes in one commit: ``episode_ids``, or those matching ``where`` (SQL over ``episodes``).
+    def delete(
+        self,
+        episode_ids: Iterable[int] | None = None,
+        *,
+        where: str | None = None,
+        params: Any = None,
+        all: bool = False,
+    ) -> int:
+        """Remove episodes in one commit: ``episode_ids``, those matching ``where`` (SQL over ``episodes``), or ``all``.
 
-        Returns how many were removed (0: no commit). Unknown ids raise
+        Exactly one of ``episode_ids``, ``where=`` and ``all=True``. Returns
+        how many were removed (0: no commit). Unknown ids raise
         :class:`ArgumentError`, a bad predicate :class:`QueryError`; nothing
         changes then. Older versions (time travel, readers pinned to them)
-        keep the episodes until ``vacuum`` removes their files.
+        keep the episodes until ``maintenance.vacuum`` removes their files.
         """
-        if self.read_only:
-            raise ReadOnlyError(f"dataset {self.location.url} is open read-only (or at a past version)")
-        if (episode_ids is None) == (where is None):
-            raise ArgumentError("delete takes episode_ids or where=, exactly one of them")
+        self._store.check_writable()
+        if not isinstance(all, bool) or (episode_ids is not None) + (where is not None) + all != 1:
+            raise ArgumentError("delete takes episode_ids, where= or all=True, exactly one of them")
         if where is None and params is not None:
             raise ArgumentError("delete: params= fills placeholders of where=; give where= too")
+        if all:
+            n = len(self.snapshot().index["episode_id"])
+            if n:
+                self._store.clear()
+            return n
         snap = self.snapshot()
         if where is not None:
             if not isinstance(where, str):
                 raise ArgumentError(f"delete: where must be a SQL predicate string, got {type(where).__name__}")
-            ids = self.sql_numpy(f"SELECT episode_id FROM episodes WHERE ({where})", params, True)["episode_id"]
+            found = self.sql(f"SELECT episode_id FROM episodes WHERE ({where})", params, sandbox=True)
+            assert found is not None  # a sandboxed statement is one SELECT
+            ids = found.fetchnumpy()["episode_id"]
         else:
             assert episode_ids is not None
             ids = check_ids(episode_ids)
@@ -825,90 +814,6 @@ class Dataset(EpisodeCollection):
         if len(ids):
             self._store.delete(ids.tolist())
         return len(ids)
-
-    def clear(self) -> int:
-        """Remove every episode in one commit; returns how many (0: no commit). Older versions keep them (vacuum)."""
-        if self.read_only:
-            raise ReadOnlyError(f"dataset {self.location.url} is open read-only (or at a past version)")
-        n = len(self.snapshot().index["episode_id"])
-        if n:
-            self._store.clear()
-        return n
-
-    # ---- derived columns (derived.py)
-    def add_column(self, *specs: FieldSpec) -> int:
-        """Declare derived columns (``FieldSpec``, taken as ``derived=True``) in one commit; return the version.
-
-        Per-episode columns have ``role="meta"``, per-step ones a step role.
-        They read NULL in SQL (a step column's ``default``, else NaN/0, in
-        arrays) until :meth:`update` sets them. A key that is already a field
-        raises :class:`SchemaError`; declaring a column again changes nothing.
-        """
-        from .write.derived import declare
-
-        self._check_writable()
-        if not specs:
-            raise ArgumentError("add_column needs at least one FieldSpec")
-        return declare(self._store, self.snapshot().schema, specs)
-
-    def update(
-        self,
-        values: Mapping[str, Any],
-        episode_ids: Iterable[int] | None = None,
-        *,
-        where: str | None = None,
-        params: Any = None,
-    ) -> int:
-        """Set derived columns of some episodes in one versioned update; return the new table version.
-
-        ``values`` maps derived column keys to values for the chosen episodes:
-        ``episode_ids`` (values in that order), those matching ``where`` (SQL
-        over ``episodes``, ``params`` bind its placeholders; values in episode
-        order) or, with neither, every episode (episode order). A per-episode
-        column takes one value per episode (None: unset); a per-step column
-        one array per episode, of its rows, or one array of all their rows.
-        Base rows and tensors are never rewritten. Bad columns, values or ids
-        raise (naming the column and episode) and change nothing; a concurrent
-        update by another process either lands too or raises
-        :class:`~episodelake.errors.CommitConflictError`.
-        """
-        from .write.derived import encode, write
-
-        self._check_writable()
-        if episode_ids is not None and where is not None:
-            raise ArgumentError("update takes episode_ids or where=, not both")
-        if where is None and params is not None:
-            raise ArgumentError("update: params= fills placeholders of where=; give where= too")
-        if not isinstance(values, Mapping) or not values:
-            raise ArgumentError("update: values must be a non-empty mapping of derived column keys to values")
-        snap = self.snapshot()
-        derived = {f.key: f for f in snap.derived.fields}
-        unknown = [k for k in values if k not in derived]
-        if unknown:
-            raise ArgumentError(f"update: {unknown} are not derived columns (declared: {sorted(derived)})")
-        if episode_ids is not None:
-            given = list(episode_ids) if not isinstance(episode_ids, str | bytes) else episode_ids
-            if len(check_ids(given)) != len(given):
-                raise ArgumentError("update: episode_ids repeat")
-            ids = np.asarray(given, dtype=np.int64)
-            try:
-                positions = snap.positions_of(ids)
-            except KeyError as exc:
-                raise ArgumentError(f"update: {exc.args[0]}") from None
-        elif where is not None:
-            positions = self.where(where, params).positions
-        else:
-            positions = np.arange(snap.num_episodes)
-        ids = np.asarray(snap.index["episode_id"][positions], dtype=np.int64)
-        if not len(ids):
-            return self.version
-        lengths = snap.lengths[positions]
-        columns = {key: encode(derived[key], value, lengths, ids) for key, value in values.items()}
-        return write(self._store, ids, columns)
-
-    def _check_writable(self) -> None:
-        if self.read_only:
-            raise ReadOnlyError(f"dataset {self.location.url} is open read-only (or at a past version)")
 
     def _on_commit(self) -> None:
         # a commit through the store moved the version: drop the old snapshot now, keep what the next one grows from
@@ -931,7 +836,7 @@ class Dataset(EpisodeCollection):
         if self._snap is None or self._snap.version != self._store.version:
             self._snap = Snapshot(self._store, (self._snap and self._snap.successor_base()) or self._scan_base)
             self._scan_base = None
-            self._snap.verify = self.verify
+            self._snap.verify = self._verify
         return self._snap
 
     def refresh(self) -> Dataset:
@@ -957,43 +862,9 @@ class Dataset(EpisodeCollection):
         self.snapshot()  # read-your-writes: this object's finished episodes are committed first
         return changes(self._store, since_version)
 
-    def compact(self) -> None:
-        """Merge small table files and checkpoint the log."""
-        if self.read_only:
-            raise ReadOnlyError(f"dataset {self.location.url} is open read-only")
-        self._store.table.compact()
-
-    def validate(self, tensors: bool = True) -> ValidationReport:
-        """Audit this version: table files, log, every episode's lengths, flags, stats and tensor checksums.
-
-        Returns a report (``report.ok``, ``report.problems``); ``report.raise_if_failed()``
-        turns problems into a :class:`CorruptionError`. Writes nothing.
-        """
-        from .ops.maintenance import validate
-
-        self.snapshot()  # read-your-writes: audit the version holding this object's finished episodes
-        return validate(self._store, tensors=tensors)
-
-    def vacuum(
-        self, dry_run: bool = False, retention_hours: float | None = None, *, break_old_versions: bool = False
-    ) -> VacuumReport:
-        """Delete unreferenced table files and crash leftovers in the tensors (see :mod:`maintenance`).
-
-        Versions superseded less than ``retention_hours`` (default 168) ago
-        stay whole; data no version references (a concurrent writer's
-        uncommitted files) goes only once older than 1 h, whatever the
-        retention. A retention below 1 h needs ``break_old_versions=True``
-        (:class:`ArgumentError` otherwise): time travel to the versions it
-        drops, and readers pinned to them, then fail.
-        """
-        from .ops.maintenance import DEFAULT_RETENTION_HOURS, vacuum
-
-        hours = DEFAULT_RETENTION_HOURS if retention_hours is None else retention_hours
-        return vacuum(self._store, dry_run=dry_run, retention_hours=hours, break_old_versions=break_old_versions)
-
     @cached_property
     def info(self) -> dict[str, Any]:
-        return dict(self.descriptor.get("info", {}))
+        return dict(self._store.descriptor.get("info", {}))
 
     def __repr__(self) -> str:
         return f"Dataset({self.location.url!r}, version={self.version}, episodes={len(self)})"

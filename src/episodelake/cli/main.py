@@ -128,7 +128,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     """Audit a dataset; exit status 1 when a problem was found."""
     ds = _open_read_only(args)
-    report = ds.validate(tensors=not args.no_tensors)
+    report = ds.maintenance.validate(tensors=not args.no_tensors)
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
     else:
@@ -147,7 +147,7 @@ def cmd_vacuum(args: argparse.Namespace) -> int:
     from ..dataset import Dataset
 
     ds = Dataset.open(args.path, storage_options=args.options, read_only=args.dry_run)
-    report = ds.vacuum(
+    report = ds.maintenance.vacuum(
         dry_run=args.dry_run, retention_hours=args.retention_hours, break_old_versions=args.break_old_versions
     )
     if args.json:
@@ -173,7 +173,7 @@ def cmd_delete(args: argparse.Namespace) -> int:
     if (args.where is None) == (not args.all):
         args.parser.error("give --where PREDICATE or --all, exactly one")
     ds = Dataset.open(args.path, storage_options=args.options)
-    removed = ds.clear() if args.all else ds.delete(where=args.where)
+    removed = ds.delete(all=True) if args.all else ds.delete(where=args.where)
     if args.json:
         print(json.dumps({"deleted": removed, "version": ds.version}))
     else:
@@ -229,8 +229,8 @@ def _stored_in(f) -> str:
 
 def cmd_info(args: argparse.Namespace) -> int:
     """Schema, counts, versions and size of a dataset."""
+    from ..storage.arrays import tensors_size
     from ..storage.table import EpisodeTable
-    from ..storage.tensors import tensors_size
 
     ds = _open_read_only(args)
     # history() of a dataset pinned to --version ends at that version: the latest is the table's own
@@ -244,11 +244,11 @@ def cmd_info(args: argparse.Namespace) -> int:
         "latest_version": latest,
         "episodes": len(ds),
         "steps": ds.num_steps,
-        "partition_by": ds.descriptor.get("partition_by", []),
+        "partition_by": ds.maintenance.descriptor.get("partition_by", []),
         "table_files": len(adds),
         "table_bytes": table_bytes,
         "tensor_bytes": tensor_bytes,
-        "created_at": ds.descriptor.get("created_at"),
+        "created_at": ds.maintenance.descriptor.get("created_at"),
         "info": ds.info,
         "schema": [{**f.to_json(), "key": f.key, "storage": _stored_in(f)} for f in ds.schema],
     }
@@ -267,9 +267,14 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 def cmd_sql(args: argparse.Namespace) -> int:
     """Run SQL over the ``episodes`` and ``steps`` views; print a table or JSON rows."""
+    from ..core.errors import QueryError
+
     ds = _open_read_only(args)
     collection = ds.where(args.where) if args.where else ds
-    tbl = collection.sql_arrow(args.query)
+    result = collection.sql(args.query)
+    if result is None:
+        raise QueryError(f"query {args.query!r} returns no rows to show")
+    tbl = result.to_arrow_table()
     rows = tbl.to_pylist()
     if args.json:
         _print_json(rows)

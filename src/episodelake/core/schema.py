@@ -176,8 +176,8 @@ class FieldSpec:
             ``None`` (default): the field must be given. Checked here, so a bad
             default raises :class:`SchemaError` naming the field; kept
             normalized as nested lists (``default_value`` is the array).
-        derived: a column added after the fact (``Dataset.add_column`` /
-            ``Dataset.update``, see docs/replay.md): never written with
+        derived: a column added after the fact (``ds.columns.add`` /
+            ``ds.columns.update``, see docs/replay.md): never written with
             episodes, stored in the table (not tensors); a step field's
             ``default`` fills steps of episodes never updated (else NaN for
             floats, zero otherwise), a meta field reads None there.

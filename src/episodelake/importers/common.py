@@ -61,7 +61,7 @@ def write_import(
         ds.append_episodes(track(episodes, total, desc, progress, unit="episode"))
         ds.flush()
     except BaseException:
-        ds.discard_pending()  # pending episodes must not be committed later (atexit flush)
+        ds.flush(discard=True)  # pending episodes must not be committed later (atexit flush)
         ds.location.fs.rm(ds.location.path, recursive=True)
         raise
     return ds

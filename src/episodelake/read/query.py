@@ -63,29 +63,13 @@ import pyarrow.compute as pc
 
 from ..core import lifecycle
 from ..core.errors import ArgumentError, CorruptionError, EpisodeLakeError, QueryError
-from ..core.schema import DatasetSchema, FieldSpec
+from ..core.schema import FieldSpec
 from ..core.stats import STAT_PARTS, StatsTable, stat_column, stat_fields, value_moments, values_moments
 from ..storage.faults import storage_fault
 from ..storage.table import EpisodeTable
+from .collection import EpisodeCollection, subset
 from .snapshot import Snapshot
 from .sql import quote, sql_template
-
-
-class EpisodeCollection(Protocol):
-    """What the query functions read from a Dataset or a DatasetView (``_positions`` None: all episodes)."""
-
-    _positions: np.ndarray | None
-
-    @property
-    def schema(self) -> DatasetSchema: ...
-
-    def snapshot(self) -> Snapshot: ...
-
-    @property
-    def positions(self) -> np.ndarray: ...
-
-    @property
-    def episode_ids(self) -> np.ndarray: ...
 
 
 def next_key(f: FieldSpec) -> str:
@@ -285,10 +269,6 @@ def _state(snap: Snapshot) -> _SnapshotSQL:
         return st
 
 
-def _is_view(collection: EpisodeCollection) -> bool:
-    return getattr(collection, "_positions", None) is not None
-
-
 def _steps_columns(snap: Snapshot) -> tuple[str, str]:
     unnest, columns = [], []
     for f in snap.schema.table_step_fields:
@@ -333,8 +313,8 @@ def rewritten(snap: Snapshot) -> str | None:
 
 def _follows(collection: EpisodeCollection, snap: Snapshot) -> bool:
     """Move a Dataset following the latest version past ``snap``; whether it moved (views and pins never do)."""
-    refresh = getattr(collection, "refresh", None)
-    if _is_view(collection) or refresh is None:
+    refresh = getattr(collection, "refresh", None)  # a view has none: it stays on its snapshot
+    if refresh is None:
         return False
     refresh()
     return collection.snapshot().version != snap.version
@@ -382,13 +362,52 @@ def _cursor(snap: Snapshot, ids: np.ndarray | None, sandbox: bool) -> duckdb.Duc
     return cur
 
 
-def _view_ids(collection: EpisodeCollection) -> np.ndarray | None:
-    return collection.episode_ids if _is_view(collection) else None
+def _view_ids(collection: EpisodeCollection, snap: Snapshot) -> np.ndarray | None:
+    """The episode ids the views of ``snap`` keep for ``collection`` (None: every episode)."""
+    chosen = subset(collection, snap)
+    return None if chosen is None else snap.index["episode_id"][chosen]
 
 
 def connect(collection: EpisodeCollection, sandbox: bool = False) -> duckdb.DuckDBPyConnection:
     """A fresh DuckDB cursor with the ``episodes`` and ``steps`` views of ``collection`` (sandboxed if asked)."""
-    return _cursor(collection.snapshot(), _view_ids(collection), sandbox)
+    snap = collection.snapshot()
+    return _cursor(snap, _view_ids(collection, snap), sandbox)
+
+
+class Views(Protocol):
+    """Where a query's ``episodes`` and ``steps`` views come from: one collection's snapshot, or a concat's stack."""
+
+    def cursor(self, sandbox: bool) -> duckdb.DuckDBPyConnection:
+        """A fresh DuckDB cursor holding both views (in the sandboxed database if asked)."""
+        ...
+
+    def failure(self, exc: duckdb.Error, what: str) -> EpisodeLakeError:
+        """The episodelake error for DuckDB's ``exc`` of a query ``what`` names."""
+        ...
+
+    def answer(self, body: Callable[[Views], T]) -> T:
+        """``body(views)``, retried on newer views while a rewrite removed the files it read (see :func:`answer`)."""
+        ...
+
+
+class SnapshotViews:
+    """The views of ``collection``'s episodes in ``snap`` (only theirs when it is a subset)."""
+
+    def __init__(self, collection: EpisodeCollection, snap: Snapshot) -> None:
+        self.collection, self.snap = collection, snap
+        self.ids = _view_ids(collection, snap)
+
+    def cursor(self, sandbox: bool) -> duckdb.DuckDBPyConnection:
+        return _cursor(self.snap, self.ids, sandbox)
+
+    def failure(self, exc: duckdb.Error, what: str) -> EpisodeLakeError:
+        return _state(self.snap).failure(exc, what)
+
+    def answer(self, body: Callable[[Views], T]) -> T:
+        def on(snap: Snapshot) -> T:
+            return body(self if snap is self.snap else SnapshotViews(self.collection, snap))
+
+        return answer(self.collection, on, self.snap)
 
 
 ROW_STATEMENTS = ("SELECT", "EXPLAIN")  # statements that only read: their result is lazy and may run again
@@ -417,7 +436,7 @@ def _has_rows(query: Any, what: str, sandbox: bool) -> bool:
 class SQLResult:
     """The rows of one :func:`run_sql` query: lazy, run when fetched, the same on every supported DuckDB.
 
-    Every fetch runs the query again over the snapshot it was planned on,
+    Every fetch runs the query again over the views it was planned on,
     except :meth:`fetchone`/:meth:`fetchmany`, which read on through one run
     (a fetch that returns fewer rows than asked, or :meth:`fetchall`, ends
     it). Errors are episodelake's (see the module docstring): a fetch whose
@@ -427,22 +446,19 @@ class SQLResult:
     methods and errors are DuckDB's and vary by version).
     """
 
-    def __init__(
-        self, collection: EpisodeCollection, snap: Snapshot, query: str, params: Any, sandbox: bool, what: str
-    ) -> None:
-        self._collection, self._query, self._params = collection, query, params
+    def __init__(self, views: Views, query: str, params: Any, sandbox: bool, what: str) -> None:
+        self._query, self._params = query, params
         self._sandbox, self._what = sandbox, what
-        self._ids = _view_ids(collection)
         self._stream: duckdb.DuckDBPyConnection | None = None
-        self._plan(snap)
+        self._plan(views)
 
-    def _plan(self, snap: Snapshot) -> None:
-        """Bind the query over ``snap``."""
-        self._snap = snap
+    def _plan(self, views: Views) -> None:
+        """Bind the query over ``views``."""
+        self._views = views
         try:
-            self._rel = _cursor(snap, self._ids, self._sandbox).sql(self._query, params=self._params)
+            self._rel = views.cursor(self._sandbox).sql(self._query, params=self._params)
         except duckdb.Error as exc:
-            raise _state(snap).failure(exc, self._what) from exc
+            raise views.failure(exc, self._what) from exc
 
     @property
     def relation(self) -> duckdb.DuckDBPyRelation:
@@ -450,26 +466,26 @@ class SQLResult:
         return self._rel
 
     def _fetch(self, how: Callable[[duckdb.DuckDBPyRelation], T]) -> T:
-        def body(snap: Snapshot) -> T:
-            if snap is not self._snap:
-                self._plan(snap)
+        def body(views: Views) -> T:
+            if views is not self._views:
+                self._plan(views)
             try:
                 return how(self._rel)
             except duckdb.Error as exc:
-                raise _state(snap).failure(exc, self._what) from exc
+                raise views.failure(exc, self._what) from exc
 
-        return answer(self._collection, body, self._snap)
+        return self._views.answer(body)
 
     def _streamed(self, how: Callable[[duckdb.DuckDBPyConnection], T]) -> T:
-        snap = self._snap
+        views = self._views
         try:
             if self._stream is None:
-                self._stream = _cursor(snap, self._ids, self._sandbox)
+                self._stream = views.cursor(self._sandbox)
                 self._stream.execute(self._query, self._params)
             return how(self._stream)
         except duckdb.Error as exc:
             self._end_stream()
-            raise _state(snap).failure(exc, self._what) from exc
+            raise views.failure(exc, self._what) from exc
 
     def _end_stream(self) -> None:
         if self._stream is not None:
@@ -511,8 +527,13 @@ class SQLResult:
         return self._fetch(lambda rel: rel.pl())
 
     def fetchnumpy(self) -> dict[str, np.ndarray]:
-        """The rows as NumPy columns (NULLs masked), as DuckDB converts them."""
-        return self._fetch(lambda rel: rel.fetchnumpy())
+        """The rows as NumPy columns, converted from Arrow (not DuckDB's own conversion: see :func:`column_numpy`).
+
+        List columns of one length become extra array axes, ragged ones object
+        arrays of lists; NULLs read NaN in numeric columns, None in object ones.
+        """
+        tbl = self.to_arrow_table()
+        return {name: column_numpy(tbl.column(name)) for name in tbl.column_names}
 
     def to_arrow_table(self) -> pa.Table:
         """The rows as a ``pyarrow.Table``."""
@@ -523,13 +544,13 @@ class SQLResult:
     def arrow(self, batch_size: int = 1_000_000) -> pa.RecordBatchReader:
         """The rows as a ``pyarrow.RecordBatchReader`` of up to ``batch_size`` rows a batch, streamed."""
         reader = self._fetch(lambda rel: rel.to_arrow_reader(batch_size))
-        snap = self._snap
+        views = self._views
 
         def batches() -> Iterator[pa.RecordBatch]:
             try:
                 yield from reader
             except (duckdb.Error, pa.ArrowException, OSError) as exc:  # DuckDB's error, through Arrow's stream
-                raise _state(snap).failure(duckdb.Error(str(exc)), self._what) from exc
+                raise views.failure(duckdb.Error(str(exc)), self._what) from exc
 
         return pa.RecordBatchReader.from_batches(reader.schema, batches())
 
@@ -548,6 +569,11 @@ class SQLResult:
 
 
 def run_sql(collection: EpisodeCollection, query: str, params: Any = None, sandbox: bool = False) -> SQLResult | None:
+    """:func:`sql_over` the views of ``collection``'s snapshot."""
+    return sql_over(SnapshotViews(collection, collection.snapshot()), query, params, sandbox)
+
+
+def sql_over(views: Views, query: str, params: Any = None, sandbox: bool = False) -> SQLResult | None:
     """Run one SQL statement over ``episodes``/``steps``: a lazy :class:`SQLResult` for a query, else None.
 
     A query (SELECT, EXPLAIN) runs when its result is fetched; any other
@@ -560,24 +586,16 @@ def run_sql(collection: EpisodeCollection, query: str, params: Any = None, sandb
     _bound(query, params, f"SQL error in {query!r}")
     what = f"SQL error in {query!r}"
     if rows:
-        return answer(collection, lambda snap: SQLResult(collection, snap, query, params, sandbox, what))
+        return views.answer(lambda v: SQLResult(v, query, params, sandbox, what))
 
-    def command(snap: Snapshot) -> None:
+    def command(v: Views) -> None:
         try:
-            _cursor(snap, _view_ids(collection), sandbox).execute(query, params)
+            v.cursor(sandbox).execute(query, params)
         except duckdb.Error as exc:
-            raise _state(snap).failure(exc, what) from exc
+            raise v.failure(exc, what) from exc
 
-    answer(collection, command)
+    views.answer(command)
     return None
-
-
-def sql_arrow(collection: EpisodeCollection, query: str, params: Any = None, sandbox: bool = False) -> pa.Table:
-    """The result of ``query`` as an Arrow table."""
-    result = run_sql(collection, query, params, sandbox)
-    if result is None:
-        raise QueryError(f"query {query!r} returns no rows to fetch")
-    return result.to_arrow_table()
 
 
 def column_numpy(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
@@ -593,15 +611,7 @@ def column_numpy(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
     return arr.to_numpy(zero_copy_only=False).reshape(shape)
 
 
-def sql_numpy(
-    collection: EpisodeCollection, query: str, params: Any = None, sandbox: bool = False
-) -> dict[str, np.ndarray]:
-    """The result of ``query`` as NumPy columns (see :func:`column_numpy`)."""
-    tbl = sql_arrow(collection, query, params, sandbox)
-    return {name: column_numpy(tbl.column(name)) for name in tbl.column_names}
-
-
-def _positions_of(snap: Snapshot, tbl: pa.Table, what: str) -> np.ndarray:
+def positions_in(snap: Snapshot, tbl: pa.Table, what: str) -> np.ndarray:
     """Snapshot positions (episode order, no duplicates) of the validated ``episode_id`` column of ``tbl``."""
     if "episode_id" not in tbl.column_names:
         raise QueryError(f"{what}: the query must return an episode_id column, got {tbl.column_names}")
@@ -641,6 +651,29 @@ def _predicate(predicate: Any, what: str) -> str:
     return predicate
 
 
+def where_condition(predicate: Any, params: Any) -> tuple[str, str]:
+    """The error prefix and the `` WHERE (...)`` clause of a where() ``predicate`` and its ``params``, checked.
+
+    ``predicate`` must parse as one SQL expression and ``params`` fill its
+    placeholders (:class:`QueryError`/:class:`ArgumentError` otherwise).
+    """
+    _predicate(predicate, "where()")
+    check_params(params, "where()")
+    what = f"invalid where() predicate {predicate!r}"
+    _bound(f"SELECT 1 WHERE ({predicate}\n)", params, what)
+    # the predicate on lines of its own: a trailing -- comment cannot reach the closing parenthesis
+    return what, " WHERE (\n" + predicate + "\n)"
+
+
+def check_selection(query: Any, params: Any) -> str:
+    """The error prefix of a select_episodes() ``query``: one SELECT whose placeholders ``params`` fill."""
+    _has_rows(query, "select_episodes()", True)
+    check_params(params, "select_episodes()")
+    what = f"invalid select_episodes() query {query!r}"
+    _bound(query, params, what)
+    return what
+
+
 def where(collection: EpisodeCollection, predicate: str, params: Any = None) -> tuple[Snapshot, np.ndarray]:
     """The episodes of ``collection`` for which the SQL ``predicate`` over ``episodes`` is true.
 
@@ -651,26 +684,21 @@ def where(collection: EpisodeCollection, predicate: str, params: Any = None) -> 
     dataset), over the in-memory index columns when it uses only those, else
     over ``episodes``.
     """
-    _predicate(predicate, "where()")
-    check_params(params, "where()")
-    what = f"invalid where() predicate {predicate!r}"
-    _bound(f"SELECT 1 WHERE ({predicate}\n)", params, what)
-    # the predicate on lines of its own: a trailing -- comment cannot reach the closing parenthesis
-    condition = " WHERE (\n" + predicate + "\n)"
+    what, condition = where_condition(predicate, params)
 
     def body(snap: Snapshot) -> tuple[Snapshot, np.ndarray]:
         state = _state(snap)
         state.check_files()
         cur = state.sandbox.cursor()
-        cur.register("episode_index", state.index_table(collection.positions if _is_view(collection) else None))
+        cur.register("episode_index", state.index_table(subset(collection, snap)))
         try:
             try:
                 found = cur.sql(f"SELECT {quote(POSITION)} FROM episode_index" + condition, params=params)
                 return snap, np.sort(found.to_arrow_table().column(0).to_numpy())
             except (duckdb.BinderException, duckdb.CatalogException):  # needs more than the index: other columns
                 query = "SELECT episode_id FROM episodes" + condition
-                tbl = _cursor(snap, _view_ids(collection), True).sql(query, params=params).to_arrow_table()
-                return snap, _positions_of(snap, tbl, what)
+                tbl = _cursor(snap, _view_ids(collection, snap), True).sql(query, params=params).to_arrow_table()
+                return snap, positions_in(snap, tbl, what)
         except duckdb.Error as exc:
             raise state.failure(exc, what) from exc
 
@@ -684,16 +712,14 @@ def select_episodes(collection: EpisodeCollection, query: str, params: Any = Non
     query's placeholders. The query runs sandboxed (one SELECT that reads
     nothing but the views). Ids outside ``collection`` raise :class:`QueryError`.
     """
-    _has_rows(query, "select_episodes()", True)
-    check_params(params, "select_episodes()")
-    what = f"invalid select_episodes() query {query!r}"
-    _bound(query, params, what)
+    what = check_selection(query, params)
 
     def body(snap: Snapshot) -> tuple[Snapshot, np.ndarray]:
-        result = SQLResult(collection, snap, query, params, True, what)
-        positions = _positions_of(snap, result.to_arrow_table(), what)
-        if _is_view(collection):
-            outside = np.setdiff1d(positions, collection.positions)
+        result = SQLResult(SnapshotViews(collection, snap), query, params, True, what)
+        positions = positions_in(snap, result.to_arrow_table(), what)
+        chosen = subset(collection, snap)
+        if chosen is not None:
+            outside = np.setdiff1d(positions, chosen)
             if len(outside):
                 bad = snap.index["episode_id"][outside][:10].tolist()
                 raise QueryError(f"select_episodes(): episode ids not in this view: {bad}")
@@ -718,9 +744,10 @@ def stats(collection: EpisodeCollection, fields: Iterable[str] | None = None) ->
         specs = stat_fields(snap.schema, fields)
         scan = snap.scan()
         state = _state(snap)
-        positions = collection.positions if _is_view(collection) else np.arange(snap.num_episodes)
+        chosen = subset(collection, snap)
+        positions = np.arange(snap.num_episodes) if chosen is None else chosen
         # sorted scan rows: sequential gathers (statistics of a set do not depend on its order)
-        rows = np.sort(scan.order[positions]) if _is_view(collection) else np.arange(len(scan.order))
+        rows = np.arange(len(scan.order)) if chosen is None else np.sort(scan.order[positions])
         table = state.stats_table([f for f in specs if not f.derived], rows)
         length, returns, has_return = state.episode_values()
         out: dict[str, dict[str, Any]] = {

@@ -54,7 +54,8 @@ def episode_weights(collection: Any, snap: Snapshot, positions: np.ndarray, weig
         query = text
     else:
         query = f"SELECT episode_id, CAST(({text}) AS DOUBLE) AS weight FROM episodes"
-    cols = collection.sql_numpy(query, sandbox=True)  # configs and command lines carry weights: read nothing else
+    # configs and command lines carry weights: read nothing else (a sandboxed query always has rows)
+    cols = collection.sql(query, sandbox=True).fetchnumpy()
     if "episode_id" not in cols or "weight" not in cols:
         raise ArgumentError(f"weights query must return episode_id and weight columns, got {sorted(cols)}")
     by_id = dict(zip(cols["episode_id"].tolist(), cols["weight"].tolist(), strict=True))

@@ -42,7 +42,7 @@ class Capacity:
     which accepts that readers pinned to a version older than that, and time
     travel to it, fail. ``vacuum_every``: the automatic vacuum runs after
     every that many commits of a writing ``Dataset`` on local disk (object
-    stores: ``ds.vacuum()`` is explicit).
+    stores: ``ds.maintenance.vacuum()`` is explicit).
     """
 
     steps: int | None = None

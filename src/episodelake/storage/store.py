@@ -277,7 +277,7 @@ class Store:
 
     def delete(self, ids: Sequence[int]) -> int:
         """Remove the episodes ``ids`` from the latest version in one commit (notifies); return the new version."""
-        self._check_writable()
+        self.check_writable()
         empty = arrow_schema(self.schema).empty_table()
         version = self.table.commit(lambda: (empty, ids))
         self.committed()
@@ -285,12 +285,13 @@ class Store:
 
     def clear(self) -> int:
         """Remove every episode from the latest version in one commit (notifies); return the new version."""
-        self._check_writable()
+        self.check_writable()
         version = self.table.clear(arrow_schema(self.schema))
         self.committed()
         return version
 
-    def _check_writable(self) -> None:
+    def check_writable(self) -> None:
+        """:class:`ReadOnlyError` when this store writes nothing (opened read-only or at a past version)."""
         if self.read_only:
             raise ReadOnlyError(f"dataset {self.location.url} is open read-only (or at a past version)")
 

@@ -297,7 +297,7 @@ class EpisodeTable:
                 self._compact_in_background()
             else:
                 # No lock file on object stores, and concurrent compactions would duplicate
-                # rows: writers only checkpoint (idempotent); ds.compact() is explicit there.
+                # rows: writers only checkpoint (idempotent); ds.maintenance.compact() is explicit there.
                 self.dt.create_checkpoint()
                 self._commits_since_compact = 0
         return self.version

@@ -28,7 +28,7 @@ first bad episode exactly as :func:`checks.episode_from_dict` words it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, TypeGuard
 
 import numpy as np
@@ -41,6 +41,7 @@ from .commit import CommitSink
 
 BULK_EPISODES = 100_000
 GROUP_EPISODES = 4096  # dict episodes validated per vectorized pass
+CHECK_GROUP_BYTES = 256 << 20  # a dry run commits nothing: this bounds the dict bytes one pass holds instead
 _PLAIN_KEYS = frozenset({"terminated", "truncated", "meta", *EPISODE_KEYS})
 
 
@@ -48,20 +49,29 @@ def append(sink: CommitSink, episodes: Iterable[Mapping[str, Any]] | Mapping[str
     """Validate and write episodes in bulk (dicts, or columns with ``lengths``); returns how many."""
     with sink.lock:  # a read in another thread must not commit part of a batch
         batches = _Batches(sink)
-        if lengths is None:
-            if isinstance(episodes, Mapping):
-                raise ArgumentError("append_episodes takes an iterable of episode dicts, or columns with lengths=")
-            count = 0
-            for group in _groups(sink, episodes):
-                batches.add(group)
-                count += len(group)
-        else:
-            if not isinstance(episodes, Mapping):
-                raise ArgumentError("with lengths=, append_episodes takes one mapping of concatenated columns")
-            batches.add(batch_from_columns(sink.schema, episodes, lengths))
-            count = batches.seen
+        for batch in _validated(sink.schema, episodes, lengths, sink.commit_bytes):
+            batches.add(batch)
         batches.finish()
-        return count
+        return batches.seen
+
+
+def check(schema: DatasetSchema, episodes: Iterable[Mapping[str, Any]] | Mapping[str, Any], lengths: Any = None) -> int:
+    """Validate episodes exactly as :func:`append` does and write nothing; returns how many it would append."""
+    return sum(len(batch) for batch in _validated(schema, episodes, lengths, CHECK_GROUP_BYTES))
+
+
+def _validated(
+    schema: DatasetSchema, episodes: Iterable[Mapping[str, Any]] | Mapping[str, Any], lengths: Any, group_bytes: int
+) -> Iterator[EpisodeBatch]:
+    """The validated batches of an :func:`append` call, in order (ValidationError at the first bad episode)."""
+    if lengths is None:
+        if isinstance(episodes, Mapping):
+            raise ArgumentError("append_episodes takes an iterable of episode dicts, or columns with lengths=")
+        yield from _groups(schema, episodes, group_bytes)
+    else:
+        if not isinstance(episodes, Mapping):
+            raise ArgumentError("with lengths=, append_episodes takes one mapping of concatenated columns")
+        yield batch_from_columns(schema, episodes, lengths)
 
 
 class _Batches:
@@ -107,8 +117,8 @@ class _Batches:
             self.parts = []
 
 
-def _groups(sink: CommitSink, episodes: Iterable[Mapping[str, Any]]) -> Iterable[EpisodeBatch]:
-    """Validated batches of consecutive dict episodes (at most ``GROUP_EPISODES``, about ``commit_bytes``)."""
+def _groups(schema: DatasetSchema, episodes: Iterable[Mapping[str, Any]], group_bytes: int) -> Iterator[EpisodeBatch]:
+    """Validated batches of consecutive dict episodes (at most ``GROUP_EPISODES``, about ``group_bytes``)."""
     group: list[Mapping[str, Any]] = []
     first = nbytes = 0
     for i, ep in enumerate(episodes):
@@ -116,11 +126,11 @@ def _groups(sink: CommitSink, episodes: Iterable[Mapping[str, Any]]) -> Iterable
             first = i
         group.append(ep)
         nbytes += _raw_bytes(ep)
-        if len(group) >= GROUP_EPISODES or nbytes >= sink.commit_bytes:
-            yield _validate_group(sink.schema, group, first)
+        if len(group) >= GROUP_EPISODES or nbytes >= group_bytes:
+            yield _validate_group(schema, group, first)
             group, nbytes = [], 0
     if group:
-        yield _validate_group(sink.schema, group, first)
+        yield _validate_group(schema, group, first)
 
 
 def _raw_bytes(ep: Any) -> int:

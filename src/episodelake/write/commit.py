@@ -50,14 +50,15 @@ import numpy as np
 
 from ..core import lifecycle
 from ..core.episode import EpisodeBatch, FinishedEpisode, batch_of, concat_batches
-from ..core.errors import EpisodeLakeError, EpisodeStateError, ReadOnlyError, StorageError, ValidationError
+from ..core.errors import EpisodeLakeError, EpisodeStateError, StorageError, ValidationError
 from ..core.schema import FieldSpec
 from ..core.summary import TASK_BYTES, run_inline, summarize
+from ..storage.arrays import array_parts
 from ..storage.faults import clean_text, storage_fault
 from ..storage.frames import FrameArray
 from ..storage.rows import build_rows
 from ..storage.store import Store
-from ..storage.tensors import TensorArray, array_parts
+from ..storage.tensors import TensorArray
 
 
 class HeldEpisode(Protocol):
@@ -166,8 +167,7 @@ class CommitSink:
         commit_bytes: int = 256 << 20,
         commit_seconds: float = 30.0,
     ) -> None:
-        if store.read_only:
-            raise ReadOnlyError(f"dataset {store.location.url} is open read-only")
+        store.check_writable()
         _check_writable(store)
         self.store = store
         self.schema = store.schema

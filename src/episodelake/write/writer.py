@@ -269,7 +269,7 @@ class EpisodeWriter:
         if self._state == "queued":
             raise EpisodeStateError(
                 "the episode already ended and was handed to the commit queue; "
-                "ds.discard_pending() drops uncommitted episodes"
+                "ds.flush(discard=True) drops uncommitted episodes"
             )
         if self._state == "awaiting":
             self.sink.release(self)
