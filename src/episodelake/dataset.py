@@ -29,6 +29,7 @@ from .core.schema import DatasetSchema, infer_schema
 from .core.segments import Segment
 from .ops.copy import KEEP
 from .ops.namespaces import Columns, Maintenance
+from .read.collection import EpisodeCollection, selection
 from .read.snapshot import ScanBase, Snapshot
 from .storage.faults import storage_fault
 from .storage.location import Location, resolve
@@ -116,12 +117,15 @@ class EpisodeRef:
         return f"EpisodeRef(id={self.episode_id}, length={self.length})"
 
 
-class EpisodeCollection:
-    """Shared read API of Dataset and DatasetView over a snapshot and a position subset."""
+class CollectionReads:
+    """The read and sampling methods Dataset and DatasetView share, over a snapshot and a position subset.
+
+    Subclasses give ``schema``, ``snapshot()`` and ``_origin``; with these
+    methods they satisfy the :class:`~episodelake.read.collection.EpisodeCollection`
+    contract the readers below the façade take.
+    """
 
     _positions: np.ndarray | None  # None: all episodes of the snapshot
-    # how the collection was chosen from its dataset (stream lineage): where/select_episodes steps; None: unknown
-    _selection: tuple[dict[str, Any], ...] | None = ()
 
     @property
     def schema(self) -> DatasetSchema:
@@ -134,6 +138,11 @@ class EpisodeCollection:
     def _origin(self) -> Dataset:
         """The dataset these episodes belong to (a view's dataset, or the dataset itself)."""
         raise NotImplementedError
+
+    @property
+    def info(self) -> dict[str, Any]:
+        """The descriptor's ``info`` of the dataset these episodes belong to."""
+        return self._origin.info
 
     def _view(self, snap: Snapshot, positions: np.ndarray) -> DatasetView:
         """A view of ``snap``'s episodes at ``positions``, belonging to this collection's dataset."""
@@ -215,8 +224,9 @@ class EpisodeCollection:
 
     def _chosen(self, view: DatasetView, step: str, sql: str, params: Any) -> DatasetView:
         """``view`` with its lineage: this collection's selection steps, then ``step`` (stream lineage)."""
-        if self._selection is not None:
-            view._selection = (*self._selection, {step: sql, "params": params})
+        steps = selection(self, view.snapshot())
+        if steps is not None:
+            view.selection = (*steps, {step: sql, "params": params})
         return view
 
     def stats(self, fields: Iterable[str] | None = None) -> dict[str, Any]:
@@ -463,14 +473,19 @@ class EpisodeCollection:
         return segments_to_ray(self, window, batch_size=batch_size, seed=seed, sampler=sampler, **options)
 
 
-class DatasetView(EpisodeCollection):
-    """A subset of one snapshot's episodes. Views compose (``view.where(...)``)."""
+class DatasetView(CollectionReads):
+    """A subset of one snapshot's episodes. Views compose (``view.where(...)``).
+
+    ``selection``: the ``where``/``select_episodes`` steps (with their params)
+    that chose the view from its dataset, recorded for stream lineage; None
+    when it was chosen otherwise.
+    """
 
     def __init__(self, dataset: Dataset, snap: Snapshot, positions: np.ndarray) -> None:
         self.dataset = dataset
         self._snap = snap
         self._positions = np.asarray(positions, dtype=np.int64)
-        self._selection = None  # unknown until where()/select_episodes() record theirs
+        self.selection: tuple[dict[str, Any], ...] | None = None  # until where()/select_episodes() record theirs
 
     @property
     def schema(self) -> DatasetSchema:
@@ -491,7 +506,7 @@ class DatasetView(EpisodeCollection):
         return f"DatasetView({len(self)} of {self._snap.num_episodes} episodes, version {self.version})"
 
 
-class Dataset(EpisodeCollection):
+class Dataset(CollectionReads):
     """An episode dataset at one root (memory, local disk or object storage)."""
 
     _positions = None

@@ -26,12 +26,13 @@ import numpy as np
 
 from .core.errors import ArgumentError
 from .core.transforms import FrameTransform
-from .dataset import Dataset, EpisodeCollection
+from .dataset import Dataset, DatasetView
+from .sampling.options import Prioritized, Sequential, Shard, Strategy, Uniform, Weighted, Window
 from .sampling.stream import SegmentStream
 
 ARRAY_TAG = "__ndarray__"
-# segment_stream arguments that cannot travel as JSON: a state records {"given": kind} and the caller passes them
-GIVEN = ("filter", "weights", "sampler", "priority", "transform")
+# recorded segment_stream arguments passed on as they are (window, sampler and shard are rebuilt as objects)
+PASSED = ("batch_size", "seed", "where", "filter", "prefetch", "drop_last", "follow", "transform")
 
 
 def _encode(value: Any) -> Any:
@@ -108,11 +109,9 @@ def stream_from_state(
     state: Mapping[str, Any] | str | os.PathLike[str],
     storage_options: Mapping[str, Any] | None = None,
     *,
-    collection: EpisodeCollection | None = None,
+    collection: Dataset | DatasetView | None = None,
     filter: Callable[[Any], bool] | None = None,
-    weights: Any = None,
     sampler: Any = None,
-    priority: Any = None,
     transform: Mapping[str, Any] | None = None,
     prefetch: int | None = None,
 ) -> SegmentStream:
@@ -121,44 +120,95 @@ def stream_from_state(
     Opens the recorded dataset URL at the recorded version (read-only, with
     ``storage_options``: credentials are never in a state), repeats the
     recorded ``where``/``select_episodes`` steps, builds the stream with the
-    recorded arguments and seed and loads the position. ``collection``
-    replaces the opened dataset (a stream over ``el.concat`` or a view
-    chosen by other means); ``filter``/``weights``/``sampler``/``priority``/
-    ``transform`` supply arguments the state could only name (callables,
-    arrays, custom samplers, callable transforms), and must be given exactly
-    when the state names one (FrameTransform objects travel in the state);
-    ``prefetch`` overrides the recorded depth (it never changes batches).
-    A follow stream is rebuilt at the recorded version, which it does not
-    leave. ArgumentError when anything does not fit.
+    recorded window, sampler, shard, seed and other arguments and loads the
+    position. ``collection`` replaces the opened dataset (a stream over
+    ``el.concat`` or a view chosen by other means); ``filter``/``sampler``/
+    ``transform`` supply what the state could only name, and must be given
+    exactly when the state names one: a callable filter, a custom Sampler
+    object, an ``el.Weighted``/``el.Prioritized`` whose weights or priorities
+    were an array, a callable transform (FrameTransform objects travel in the
+    state); ``prefetch`` overrides the recorded depth (it never changes
+    batches). States saved by 0.3 rebuild the same way. A follow stream is
+    rebuilt at the recorded version, which it does not leave. ArgumentError
+    when anything does not fit.
     """
     if isinstance(state, str | os.PathLike):
         state = load_state(state)
     lineage = lineage_of(state)
     arguments = dict(lineage["stream"])
-    given = {"filter": filter, "weights": weights, "sampler": sampler, "priority": priority, "transform": transform}
     frames = arguments.get("transform")
     if isinstance(frames, Mapping) and "frames" in frames:
         arguments["transform"] = {key: _frame_transform(spec) for key, spec in frames["frames"].items()}
-    for name in GIVEN:
-        recorded = arguments.get(name)
-        needed = isinstance(recorded, Mapping) and "given" in recorded
-        if isinstance(recorded, Mapping) and needed and given[name] is None:
-            kind = recorded["given"]
-            raise ArgumentError(f"stream_from_state: the stream had {name}={kind}; pass {name}= again")
-        if not needed and given[name] is not None:
-            raise ArgumentError(f"stream_from_state: the stream had no {name} to replace (recorded {recorded!r})")
-        if needed:
-            arguments[name] = given[name]
+    named = {name: _named(arguments.get(name)) for name in ("filter", "weights", "sampler", "priority", "transform")}
+    for name, given in (("filter", filter), ("transform", transform)):
+        _check_given(name, name, arguments.get(name), named[name], given)
+        if named[name]:
+            arguments[name] = given
+    need = next((name for name in ("sampler", "weights", "priority") if named[name]), "sampler")
+    _check_given(need, "sampler", arguments.get(need), named[need], sampler)
     if prefetch is not None:
         arguments["prefetch"] = prefetch
     if collection is None:
         collection = _open(lineage, storage_options)
     try:
-        stream = collection.segment_stream(**arguments)
-    except TypeError as exc:
+        window, options = _call(arguments, sampler)
+        stream = collection.segment_stream(window, **options)
+    except (TypeError, KeyError) as exc:
         raise ArgumentError(f"stream_from_state: the state's stream arguments do not fit: {exc}") from None
     stream.load_state_dict(dict(state))
     return stream
+
+
+def _named(recorded: Any) -> bool:
+    """Whether a recorded argument only names its value (``{"given": kind}``): the caller passes it again."""
+    return isinstance(recorded, Mapping) and "given" in recorded
+
+
+def _check_given(name: str, parameter: str, recorded: Any, needed: bool, given: Any) -> None:
+    """ArgumentError unless ``given`` (the caller's ``parameter=``) is there exactly when the record only names it."""
+    if needed and given is None:
+        raise ArgumentError(f"stream_from_state: the stream had {name}={recorded['given']}; pass {parameter}= again")
+    if not needed and given is not None:
+        raise ArgumentError(f"stream_from_state: the stream had no {parameter} to replace (recorded {recorded!r})")
+
+
+def _call(arguments: Mapping[str, Any], sampler: Any) -> tuple[Window, dict[str, Any]]:
+    """The ``segment_stream`` call a lineage record describes (0.3's record: one keyword per option).
+
+    ``sampler`` is the caller's replacement for a strategy the record only names.
+    """
+    window = Window(
+        arguments.get("sequence_length"),
+        arguments.get("context_length"),
+        arguments.get("target_length"),
+        arguments.get("pad", "suffix"),
+        arguments.get("stride", 1),
+    )
+    if sampler is None:
+        sampler = _strategy(arguments)
+    rank, world = arguments.get("shard") or (0, 1)
+    options = {key: arguments[key] for key in PASSED if key in arguments}
+    options.update(sampler=sampler, shard=Shard(rank, world, arguments.get("shard_policy", "wrap")))
+    return window, options
+
+
+def _strategy(arguments: Mapping[str, Any]) -> Strategy | None:
+    """The sampling strategy a record describes (values it only names are passed by the caller)."""
+    if arguments.get("priority") is not None:
+        alpha, beta = arguments.get("alpha"), arguments.get("beta")
+        defaults = Prioritized()
+        return Prioritized(
+            arguments["priority"],
+            defaults.alpha if alpha is None else alpha,
+            defaults.beta if beta is None else beta,
+        )
+    if arguments.get("weights") is not None:
+        return Weighted(arguments["weights"])
+    if arguments.get("shuffle") is False:
+        return Sequential()
+    if arguments.get("replacement") is False:
+        return Uniform(replacement=False)
+    return None
 
 
 def _frame_transform(spec: Mapping[str, Any]) -> FrameTransform:
@@ -167,7 +217,7 @@ def _frame_transform(spec: Mapping[str, Any]) -> FrameTransform:
     return FrameTransform(**fields)
 
 
-def _open(lineage: Mapping[str, Any], storage_options: Mapping[str, Any] | None) -> EpisodeCollection:
+def _open(lineage: Mapping[str, Any], storage_options: Mapping[str, Any] | None) -> Dataset | DatasetView:
     url, version, selection = lineage.get("url"), lineage.get("version"), lineage.get("selection")
     if not isinstance(url, str):
         raise ArgumentError("stream_from_state: the state names no dataset URL; pass collection=")
@@ -175,7 +225,7 @@ def _open(lineage: Mapping[str, Any], storage_options: Mapping[str, Any] | None)
         raise ArgumentError(f"stream_from_state: {url} was an in-memory dataset of another process; pass collection=")
     if selection is None:
         raise ArgumentError("stream_from_state: the stream read a view chosen by unrecorded means; pass collection=")
-    collection: EpisodeCollection = Dataset.open(url, version, storage_options=storage_options, read_only=True)
+    collection: Dataset | DatasetView = Dataset.open(url, version, storage_options=storage_options, read_only=True)
     for step in selection:
         if "where" in step:
             collection = collection.where(step["where"], step.get("params"))

@@ -36,7 +36,7 @@ from ..core.progress import track
 from ..core.schema import DatasetSchema
 
 if TYPE_CHECKING:
-    from ..dataset import EpisodeCollection
+    from ..read.collection import EpisodeCollection
 
 INTERNAL_PREFIXES = ("ref/", "crc/", "stats/")
 
@@ -168,7 +168,7 @@ def to_minari(
     if root.exists():
         raise DatasetExistsError(f"{root} already exists")
     schema = collection.schema
-    info = _info(collection)
+    info = dict(collection.info)  # a view's dataset's
     spaces = {}
     for role, given in (("observation", observation_space), ("action", action_space)):
         if given is None and f"{role}_space" in info:
@@ -205,8 +205,3 @@ def to_minari(
 
     storage.update_episodes(buffers())
     return minari.MinariDataset(root / "data")
-
-
-def _info(collection: EpisodeCollection) -> dict[str, Any]:
-    """The descriptor ``info`` of the dataset ``collection`` belongs to (a view's dataset, or the dataset itself)."""
-    return dict(collection._origin.info)

@@ -75,7 +75,7 @@ from ..importers.lerobot import (
 )
 
 if TYPE_CHECKING:
-    from ..dataset import EpisodeCollection
+    from ..read.collection import EpisodeCollection
 
 VCODECS = ("libsvtav1", "h264")
 CHUNKS_SIZE = 1000  # files per chunk folder, as LeRobot
@@ -318,7 +318,7 @@ def to_lerobot(
     ):
         if isinstance(size, bool) or not isinstance(size, int | float) or not size > 0:
             raise ArgumentError(f"{name} must be a positive number, got {size!r}")
-    source = dict(collection._origin.info).get("source") or {}
+    source = dict(collection.info).get("source") or {}
     lerobot_source = source.get("format") == "lerobot"
     fps = fps if fps is not None else (source.get("fps") if lerobot_source else None)
     if isinstance(fps, bool) or not isinstance(fps, int) or fps <= 0:

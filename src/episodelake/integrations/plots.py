@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from ..dataset import EpisodeCollection
+    from ..read.collection import EpisodeCollection
 
 
 def episode_histograms(

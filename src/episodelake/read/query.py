@@ -30,7 +30,7 @@ delete, eviction) and vacuum removed it is not damage: a :class:`Dataset`
 following the latest version moves to it (as ``refresh()`` would) and answers
 from there; a view or a pinned version raises a CorruptionError saying so.
 
-Sandbox: ``where()``, ``select_episodes()``, ``weights=``/``priority=`` SQL and
+Sandbox: ``where()``, ``select_episodes()``, ``el.Weighted``/``el.Prioritized`` SQL and
 ``sql(..., sandbox=True)`` run in a second in-process database opened with
 ``enable_external_access = false`` (no file, URL, extension or Python-variable
 access: only the registered views) and its configuration locked; sandboxed SQL

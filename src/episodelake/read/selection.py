@@ -8,11 +8,12 @@ from typing import Any
 import numpy as np
 
 from ..core.errors import ArgumentError
+from .collection import EpisodeCollection
 from .snapshot import Snapshot
 
 
 def select(
-    collection: Any, where: str | None = None, filter: Callable[[Any], bool] | None = None
+    collection: EpisodeCollection, where: str | None = None, filter: Callable[[Any], bool] | None = None
 ) -> tuple[Snapshot, np.ndarray]:
     """``collection`` narrowed by a SQL predicate and/or a per-episode predicate.
 
@@ -32,7 +33,7 @@ def select(
     return snap, positions
 
 
-def episode_weights(collection: Any, snap: Snapshot, positions: np.ndarray, weights: Any) -> np.ndarray:
+def episode_weights(collection: EpisodeCollection, snap: Snapshot, positions: np.ndarray, weights: Any) -> np.ndarray:
     """Per-episode sampling weights aligned with ``positions``.
 
     ``weights`` is a SQL expression over the ``episodes`` view (``"return"``,

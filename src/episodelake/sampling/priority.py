@@ -1,4 +1,4 @@
-"""``priority=``: the per-item priorities a prioritized stream or transition draw starts from.
+"""``el.Prioritized(priority)``: the per-item priorities a prioritized stream or transition draw starts from.
 
 An item is a segment of a :class:`~episodelake.segment_index.SegmentIndex`
 (a transition is a segment of length 1), in shard-local id order. ``priority``
@@ -9,10 +9,10 @@ is one of:
   column): an item's priority is the field's value at its first transition;
 * any other string: a SQL expression over the ``episodes`` view (a numeric
   meta column such as ``"difficulty"``, ``"abs(return)"``) or a query
-  returning ``episode_id, weight``, as for ``weights=``; an item's priority is
+  returning ``episode_id, weight``, as for ``el.Weighted``; an item's priority is
   its episode's;
 * an array: one value per episode of the collection (before ``where``/``filter``,
-  as for ``weights=``), or else one per item.
+  as for ``el.Weighted``), or else one per item.
 
 Every value must be finite and ``>= 0``; an ArgumentError names the first
 item or episode that is not.
@@ -26,17 +26,16 @@ import numpy as np
 
 from ..core.errors import ArgumentError
 from ..read.batching import reader_for
+from ..read.collection import EpisodeCollection
 from ..read.selection import episode_weights
 from ..read.snapshot import Snapshot
-from .samplers import PrioritizedSampler, check_exponent, check_priorities
+from .options import Prioritized
+from .samplers import PrioritizedSampler, check_priorities
 from .segment_index import SegmentIndex
-
-DEFAULT_ALPHA = 0.6
-DEFAULT_BETA = 0.4
 
 
 def item_priorities(
-    collection: Any, snap: Snapshot, positions: np.ndarray, index: SegmentIndex, priority: Any
+    collection: EpisodeCollection, snap: Snapshot, positions: np.ndarray, index: SegmentIndex, priority: Any
 ) -> np.ndarray:
     """One priority per shard-local item of ``index`` (see module docstring)."""
     if isinstance(priority, bool):
@@ -75,31 +74,28 @@ def _step_priorities(snap: Snapshot, index: SegmentIndex, field: Any) -> np.ndar
     return check_priorities(values.astype(np.float64), "item")
 
 
-def prioritized_sampler(
-    sampler: Any, priority: Any, alpha: float | None, beta: float | None, seed: Any
-) -> PrioritizedSampler | None:
-    """The PrioritizedSampler a draw uses: the given one, a new one for ``priority=``, or None.
+def prioritized_sampler(sampler: Any, seed: Any) -> PrioritizedSampler | None:
+    """The PrioritizedSampler a draw uses: a kept one given as ``sampler=``, a new one for ``el.Prioritized``, or None.
 
-    ``alpha``/``beta`` configure a new sampler only; a given sampler has its own.
+    A new sampler draws from a generator made from ``seed`` (an int, a
+    sequence, a ``Generator`` or None); a kept one has its own, and its own
+    ``alpha``/``beta``.
     """
     if isinstance(sampler, PrioritizedSampler):
-        if alpha is not None or beta is not None:
-            raise ArgumentError("alpha and beta belong to the PrioritizedSampler given as sampler=")
         return sampler
-    if priority is None and (alpha is not None or beta is not None):
-        raise ArgumentError("alpha and beta apply with priority= only")
-    if priority is None:
-        return None
-    if sampler is not None:
-        raise ArgumentError("priority= needs the built-in sampler or a PrioritizedSampler, not another sampler=")
-    a = DEFAULT_ALPHA if alpha is None else check_exponent(alpha, "alpha")
-    b = DEFAULT_BETA if beta is None else check_exponent(beta, "beta")
-    return PrioritizedSampler(a, b, seed)
+    if isinstance(sampler, Prioritized):
+        return PrioritizedSampler(sampler.alpha, sampler.beta, seed)
+    return None
+
+
+def priority_of(sampler: Any) -> Any:
+    """The starting priorities an ``el.Prioritized`` gives; None (the largest seen) for a kept PrioritizedSampler."""
+    return sampler.priority if isinstance(sampler, Prioritized) else None
 
 
 def bind(
     sampler: PrioritizedSampler,
-    collection: Any,
+    collection: EpisodeCollection,
     snap: Snapshot,
     positions: np.ndarray,
     index: SegmentIndex,

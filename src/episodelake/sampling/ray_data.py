@@ -21,37 +21,25 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 
 from ..core.episode import rows_for
 from ..core.errors import ArgumentError, MissingDependencyError
+from ..read.collection import EpisodeCollection, subset
 from ..read.snapshot import Snapshot
 from ..storage import layout
 from ..storage.location import resolve
 from ..storage.store import Store
+from .options import Shard, Strategy, Uniform, Window, sampler_of, window_of
 
 if TYPE_CHECKING:
     import ray.data
 
 ID = "episode_id"
-
-
-class EpisodeCollection(Protocol):
-    """What these sources read from a Dataset or DatasetView (``_positions`` None: all episodes)."""
-
-    _positions: np.ndarray | None
-
-    def snapshot(self) -> Snapshot: ...
-
-    def where(self, predicate: str) -> Any: ...
-
-    @property
-    def episode_ids(self) -> np.ndarray: ...
-
-    def __len__(self) -> int: ...
+RAY_SAMPLERS = ("passes", "sequential")  # a planned pass: finite, the same plan on every rank
 
 
 def _ray() -> Any:
@@ -141,7 +129,7 @@ def episodes_to_ray(
         filesystem=loc.arrow_filesystem(*layout.table_parts()),
         columns=read,
     )
-    if chosen._positions is not None and len(chosen) < snap.num_episodes:
+    if subset(chosen, snap) is not None:
         out = out.filter(expr=col(ID).is_in(chosen.episode_ids.tolist()))
     if keys:
         out = out.map_batches(
@@ -178,36 +166,29 @@ def batch_columns(seg: Any) -> dict[str, np.ndarray]:
 
 def plan_pass(
     collection: EpisodeCollection,
-    sequence_length: int,
+    window: Window | int,
     batch_size: int,
     seed: int,
-    rank: int,
-    world_size: int,
+    sampler: Strategy | None,
+    shard: Shard | Sequence[int] | None,
     epoch: int,
-    shuffle: bool,
-    pad: str | None,
-    stride: int,
     where: str | None,
     drop_last: bool,
-    shard_policy: str,
 ) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Rank ``rank``'s batches of pass ``epoch`` as the local sampler plans them: (episode ids, first transitions)."""
+    """This rank's batches of pass ``epoch`` as the local sampler plans them: (episode ids, first transitions)."""
     from .stream import SegmentStream
 
+    strategy = sampler_of(sampler, "segments_to_ray", RAY_SAMPLERS, default=Uniform(replacement=False))
     stream = SegmentStream(
         collection,
-        sequence_length,
+        window,
         batch_size=batch_size,
+        sampler=strategy,
         seed=seed,
-        shuffle=shuffle,
-        replacement=False,
-        pad=pad,
-        stride=stride,
         where=where,
-        shard=(rank, world_size),
+        shard=shard,
         prefetch=0,
         drop_last=drop_last,
-        shard_policy=shard_policy,
     )
     if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
         raise ArgumentError(f"epoch must be an int >= 0, got {epoch!r}")
@@ -225,52 +206,36 @@ def plan_pass(
 
 def segments_to_ray(
     collection: EpisodeCollection,
+    window: Window | int,
     *,
-    sequence_length: int,
     batch_size: int,
     seed: int,
-    rank: int = 0,
-    world_size: int = 1,
+    sampler: Strategy | None = None,
+    shard: Shard | Sequence[int] | None = None,
     epoch: int = 0,
     start_batch: int = 0,
-    shuffle: bool = True,
-    pad: str | None = "suffix",
-    stride: int = 1,
     where: str | None = None,
     drop_last: bool = False,
-    shard_policy: str = "wrap",
     concurrency: int = 1,
 ) -> ray.data.Dataset:
-    """Rank ``rank``'s segment batches of pass ``epoch`` from ``start_batch`` on, as an ordered ``ray.data.Dataset``.
+    """This rank's segment batches of pass ``epoch`` from ``start_batch`` on, as an ordered ``ray.data.Dataset``.
 
     One row per segment, columns as :func:`batch_columns`; read it with
     ``iter_batches(batch_size=batch_size)``: batch ``j`` then equals batch
-    ``start_batch + j`` of ``collection.segment_stream(shard=(rank,
-    world_size), replacement=False, ...)`` with the same arguments at the same
-    epoch (every batch but a pass's last is full, so regrouping keeps the
-    boundaries). Every rank yields the same number of batches; to resume after
-    ``k`` global batches pass ``start_batch=k`` on every rank.
+    ``start_batch + j`` of ``collection.segment_stream(window, sampler=...,
+    shard=...)`` with the same arguments at the same epoch (every batch but a
+    pass's last is full, so regrouping keeps the boundaries). ``sampler``:
+    ``el.Uniform(replacement=False)`` (None: a seeded shuffled pass) or
+    ``el.Sequential()``. ``shard``: ``(rank, world)`` or an ``el.Shard`` (its
+    policy evens out the ranks). Every rank yields the same number of batches;
+    to resume after ``k`` global batches pass ``start_batch=k`` on every rank.
     """
     ray = _ray()
     if isinstance(start_batch, bool) or not isinstance(start_batch, int) or start_batch < 0:
         raise ArgumentError(f"start_batch must be an int >= 0, got {start_batch!r}")
     if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
         raise ArgumentError(f"concurrency must be an int >= 1, got {concurrency!r}")
-    plan = plan_pass(
-        collection,
-        sequence_length,
-        batch_size,
-        seed,
-        rank,
-        world_size,
-        epoch,
-        shuffle,
-        pad,
-        stride,
-        where,
-        drop_last,
-        shard_policy,
-    )
+    plan = plan_pass(collection, window, batch_size, seed, sampler, shard, epoch, where, drop_last)
     if start_batch > len(plan):
         raise ArgumentError(f"start_batch={start_batch} is past the pass's {len(plan)} batches")
     # one block per batch: each actor call reads one whole batch, and several actors read batches side by side
@@ -280,7 +245,7 @@ def segments_to_ray(
     out.context.execution_options.preserve_order = True
     return out.map_batches(
         _SegmentReader,
-        fn_constructor_args=(snap.loc.url, snap.loc.storage_options, snap.version, sequence_length),
+        fn_constructor_args=(snap.loc.url, snap.loc.storage_options, snap.version, window_of(window).size),
         batch_size=batch_size,
         batch_format="numpy",
         compute=ray.data.ActorPoolStrategy(size=concurrency),

@@ -1,4 +1,4 @@
-"""The map-style dataset of segments (``ds.segments(L)``), for PyTorch ``DataLoader``.
+"""The map-style dataset of segments (``ds.segments(window)``), for PyTorch ``DataLoader``.
 
 :class:`SegmentDataset` has ``len``/indexing over every valid segment
 (:mod:`.segment_index`), a batched ``__getitems__`` that turns a whole loader
@@ -16,8 +16,10 @@ import numpy as np
 from ..core.segments import Segment
 from ..core.transforms import Transform, apply_transforms, check_transforms
 from ..read.batching import reader_for
+from ..read.collection import EpisodeCollection
 from ..read.selection import select
 from .batch import SegmentBatch, collate, unbatch
+from .options import Shard, Window, shard_of, window_of
 from .segment_index import SegmentIndex
 
 
@@ -32,30 +34,31 @@ class SegmentDataset:
 
     Args:
         collection: a Dataset or DatasetView.
-        sequence_length: transitions per segment.
-        pad: ``"suffix"`` (default), ``"prefix"`` or None (skip short episodes).
-        stride: distance between segment starts within an episode.
+        window: which segments: an :class:`~episodelake.options.Window`
+            (length, pad, stride) or an int length.
         where / filter: narrow the episodes (see :func:`~episodelake.selection.select`).
-        shard: ``(rank, world_size)``: this rank's disjoint part of the segments.
+        shard: ``(rank, world)`` or an :class:`~episodelake.options.Shard`:
+            this rank's disjoint part of the segments.
         transform: field key -> :class:`~episodelake.transforms.FrameTransform`
             or a callable on the field's batch array, applied to each batch.
     """
 
     def __init__(
         self,
-        collection: Any,
-        sequence_length: int,
-        pad: str | None = "suffix",
-        stride: int = 1,
+        collection: EpisodeCollection,
+        window: Window | int,
         where: str | None = None,
         filter: Callable[[Any], bool] | None = None,
-        shard: Sequence[int] | None = None,
+        shard: Shard | Sequence[int] | None = None,
         transform: Mapping[str, Transform] | None = None,
     ) -> None:
+        win, part = window_of(window), shard_of(shard)
         snap, positions = select(collection, where, filter)
         self.transforms = check_transforms(snap.schema, transform)
-        self.index = SegmentIndex(positions, snap.lengths[positions], sequence_length, pad, stride, shard)
-        self.sequence_length = self.index.sequence_length
+        lengths = snap.lengths[positions]
+        shard_pair = None if part is None else (part.rank, part.world)
+        self.index = SegmentIndex(positions, lengths, win.size, win.pad, win.stride, shard_pair)
+        self.sequence_length, self.context_length = self.index.sequence_length, win.context
         self.reader = reader_for(snap)
 
     def __len__(self) -> int:
@@ -73,7 +76,7 @@ class SegmentDataset:
         k, first = self.index.locate(np.asarray(ids, dtype=np.int64))
         seg = self.reader.segments(self.index.positions[k], first, self.sequence_length)
         apply_transforms(seg.data, self.reader.schema, self.transforms)
-        return SegmentBatch.wrap(seg)
+        return SegmentBatch.wrap(seg, self.context_length)
 
     collate = staticmethod(collate)
 

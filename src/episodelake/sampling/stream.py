@@ -1,18 +1,18 @@
-"""The training stream of segment batches (``ds.segment_stream(...)``): planner, prefetch thread, resume.
+"""The training stream of segment batches (``ds.segment_stream(...)``): the stream, its state, the batch builder.
 
 :class:`SegmentStream` yields seeded :class:`~episodelake.batch.SegmentBatch`
-batches, with replacement (infinite, the default), without (one shuffled
-pass) or in order (``shuffle=False``: one ordered pass); SQL
-``where``/``weights``, ``filter`` callables, custom samplers
-(:mod:`.samplers`), prioritized replay (``priority=``: :mod:`.priority`),
-rank/world-size shards, background prefetch and exact resume through
-``state_dict()``.
+batches of a :class:`~episodelake.options.Window`'s segments, chosen by a
+``sampler=`` strategy (:mod:`.options`): with replacement (infinite, the
+default), in seeded passes or in order; SQL ``where``, ``filter`` callables,
+per-episode weights, custom samplers (:mod:`.samplers`), prioritized replay
+(:mod:`.priority`), rank/world shards, background prefetch and exact resume
+through ``state_dict()``.
 
-* :class:`_Planner` decides which global segment ids each batch holds and
-  the state to resume from after it; with replacement it draws through a
-  :class:`~episodelake.samplers.Sampler` (built in or the user's).
-* :class:`_Prefetcher` builds batches ahead on a background thread; a
-  ``threading`` exit hook stops every live one before interpreter shutdown.
+* :class:`~episodelake.planner._Planner` decides which global segment ids
+  each batch holds and the state to resume from after it.
+* :class:`~episodelake.prefetch._Prefetcher` builds batches ahead on a
+  background thread.
+* :class:`_BatchBuilder` reads and assembles a batch of segment ids.
 """
 
 from __future__ import annotations
@@ -21,33 +21,34 @@ import copy
 import dataclasses
 import hashlib
 import json
-import queue
-import threading
-import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, cast
 
 import numpy as np
 
-from ..core.errors import ArgumentError, StreamStoppedError
+from ..core.errors import ArgumentError
 from ..core.transforms import FrameTransform, Transform, apply_transforms, check_transforms
 from ..read.batching import WindowReader, reader_for
+from ..read.collection import EpisodeCollection, selection
 from ..read.selection import episode_weights, select
 from ..storage.location import public_url
 from .batch import SegmentBatch
-from .priority import bind, prioritized_sampler
-from .samplers import PrioritizedSampler, Sampler, StatefulSampler, UniformSampler, WeightedSampler
+from .options import KINDS, Prioritized, Shard, Strategy, Weighted, Window, kind_of, sampler_of, shard_of, window_of
+from .planner import _Planner
+from .prefetch import _END, _Prefetcher
+from .priority import bind, prioritized_sampler, priority_of
+from .samplers import PrioritizedSampler, Sampler, UniformSampler, WeightedSampler
 from .segment_index import SegmentIndex, check_positive, check_seed
 
-STATE_FORMAT = 2
-
-FINITE_MODES = ("ordered", "permutation")
-# where a state keeps its sampler's state: the built-in samplers' generator ("random"), a user sampler's own;
-# a prioritized stream's generator ("rng") and, taken when state_dict() is called, its priorities ("priorities")
-SAMPLER_STATE = {"random": "rng", "sampler": "sampler"}
-SEEDED_MODES = ("permutation", "random", "prioritized")
-SHARD_POLICIES = ("wrap", "drop")
+# the planner's mode for each kind of sampler= (a kept PrioritizedSampler, kind "sampler", is "prioritized")
+MODES = {
+    "uniform": "random",
+    "weighted": "random",
+    "passes": "permutation",
+    "sequential": "ordered",
+    "prioritized": "prioritized",
+    "sampler": "sampler",
+}
 
 
 class EpisodeDigest:
@@ -78,327 +79,43 @@ def fingerprint(*arrays: np.ndarray) -> str:
     return h.hexdigest()[:16]
 
 
-class _Planner:
-    """Which global segment ids each batch holds, and the state to resume from after it.
-
-    Finite passes walk a global sequence of the ``N`` segment ids: ``0 .. N - 1``
-    (``"ordered"``) or a permutation seeded by ``(seed, epoch)``
-    (``"permutation"``). ``consumed`` counts the sequence positions the whole
-    world took in this pass; rank ``r`` of world ``w`` deals positions
-    round-robin, so its next batch holds positions ``consumed + r + w * j``
-    for ``j < b``, where ``b = min(batch_size, ceil((N - consumed) / w))``
-    (``"wrap"``: positions ``>= N`` wrap to the start of the sequence) or
-    ``floor((N - consumed) / w)`` (``"drop"``). Every rank computes the same
-    ``b``, so every rank yields the same number of batches, and after ``k``
-    batches exactly positions ``[0, consumed)`` are taken whatever the world
-    size: a state resumes on any rank, and on a new world size.
-
-    With replacement (mode ``"random"``: a built-in sampler) and with a
-    custom sampler (mode ``"sampler"``) each rank draws through the
-    :class:`~episodelake.samplers.Sampler` protocol from its own shard of the
-    index (:class:`SegmentIndex`); the built-in samplers' generator is seeded by
-    ``seed`` (world size 1) or ``(seed, rank)``. That state is per rank.
-    Prioritized (mode ``"prioritized"``) draws through a
-    :class:`~episodelake.samplers.PrioritizedSampler` and keeps the last
-    draw's slots and importance weights in ``drawn``.
-    """
-
-    def __init__(
-        self,
-        index: SegmentIndex,
-        batch_size: int,
-        mode: str,
-        seed: int,
-        sampler: Sampler | None,
-        drop_last: bool,
-        shard_policy: str,
-        params: dict[str, Any],
-        seed_given: bool,
-    ) -> None:
-        self.index = index
-        self.batch_size = batch_size
-        self.mode = mode
-        self.sampler = sampler
-        self.drop_last = drop_last
-        self.shard_policy = shard_policy
-        self.params = params
-        self.seed_given = seed_given
-        self.drawn: tuple[np.ndarray, np.ndarray] | None = None
-        self._reset(seed, epoch=0, consumed=0)
-
-    def _reset(self, seed: int, epoch: int, consumed: int) -> None:
-        self.seed = seed
-        self.params["seed"] = seed
-        self.epoch = epoch
-        self.consumed = consumed
-        self.ended = False  # a pass that ended stays ended, even where another world size could go on
-        self._perm: np.ndarray | None = None
-
-    @property
-    def finite(self) -> bool:
-        return self.mode in FINITE_MODES
-
-    def per_rank(self, left: int) -> int:
-        """Items each rank takes from ``left`` remaining positions of a pass."""
-        w = self.index.world
-        return max(-(-left // w) if self.shard_policy == "wrap" else left // w, 0)
-
-    def _next_count(self) -> int:
-        b = min(self.batch_size, self.per_rank(self.index.total - self.consumed))
-        return 0 if self.drop_last and b < self.batch_size else b
-
-    def pass_finished(self) -> bool:
-        return self.finite and (self.ended or self._next_count() == 0)
-
-    def new_pass(self) -> None:
-        self.epoch += 1
-        self.consumed = 0
-        self.ended = False
-        self._perm = None
-
-    def next_ids(self) -> np.ndarray | None:
-        """Global segment ids of the next batch; None at the end of a finite pass."""
-        B, index = self.batch_size, self.index
-        if self.mode == "prioritized":
-            local, slots, weights = cast(PrioritizedSampler, self.sampler).draw(B)
-            self.drawn = (slots, weights)
-            return index.to_global(local)
-        if self.sampler is not None:
-            local = np.asarray(self.sampler.sample(index, B))
-            return None if local.size == 0 else index.to_global(local)
-        b = 0 if self.ended else self._next_count()
-        if b == 0:
-            self.ended = True
-            return None
-        N = index.total
-        pos = (self.consumed + index.rank + index.world * np.arange(b, dtype=np.int64)) % N
-        self.consumed += b * index.world
-        if self.mode == "ordered":
-            return pos
-        if self._perm is None:
-            self._perm = np.random.default_rng([self.seed, self.epoch]).permutation(N)
-        return self._perm[pos]
-
-    def state(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "format": STATE_FORMAT,
-            "mode": self.mode,
-            "params": dict(self.params),
-            "epoch": self.epoch,
-            "consumed": self.consumed,
-            "finished": self.pass_finished(),
-        }
-        key = SAMPLER_STATE.get(self.mode)
-        if key is not None and self.sampler is not None and hasattr(self.sampler, "state_dict"):
-            saved = self.sampler.state_dict()
-            # a built-in sampler's generator state is a fresh dict every call: no copy needed (one per batch)
-            out[key] = saved if isinstance(self.sampler, UniformSampler) else copy.deepcopy(saved)
-        if self.mode == "prioritized":  # the generator only (a fresh dict): priorities are taken by state_dict()
-            out["rng"] = cast(PrioritizedSampler, self.sampler).rng.bit_generator.state
-        return out
-
-    def check(self, state: dict[str, Any]) -> None:
-        """Raise ArgumentError naming the first parameter in which ``state``'s stream differs from this one."""
-        if not isinstance(state, dict):
-            raise ArgumentError(f"state_dict: expected a dict, got {type(state).__name__}")
-        if state.get("format") != STATE_FORMAT:
-            raise ArgumentError(f"state_dict: format is {state.get('format')!r}, this version reads {STATE_FORMAT}")
-        saved, mine = state.get("params") or {}, self.params
-
-        def mismatch(name: str, theirs: Any, ours: Any) -> ArgumentError:
-            return ArgumentError(
-                f"state_dict: {name} is {theirs!r} in the saved state but {ours!r} in this stream "
-                "(a state loads only into a stream over the same segments, sampled the same way)"
-            )
-
-        if state.get("mode") != self.mode:
-            raise mismatch("mode (shuffle/replacement/sampler)", state.get("mode"), self.mode)
-        for key in (
-            "sequence_length",
-            "pad",
-            "stride",
-            "segments",
-            "episodes",
-            "weights",
-            "drop_last",
-            "alpha",
-            "beta",
-        ):
-            if saved.get(key) != mine[key]:
-                raise mismatch(key, saved.get(key), mine[key])
-        if self.mode in SEEDED_MODES and self.seed_given and saved.get("seed") != mine["seed"]:
-            raise mismatch("seed", saved.get("seed"), mine["seed"])
-        if self.finite:
-            if saved.get("shard_policy") != mine["shard_policy"]:
-                raise mismatch("shard_policy", saved.get("shard_policy"), mine["shard_policy"])
-            theirs = _global_batch(saved)
-            ours = mine["batch_size"] * mine["world"]
-            if saved.get("world") == mine["world"] and saved.get("batch_size") != mine["batch_size"]:
-                raise mismatch("batch_size", saved.get("batch_size"), mine["batch_size"])
-            if theirs != ours:
-                raise mismatch("global batch size (batch_size * world size)", theirs, ours)
-        else:
-            for key in ("world", "rank"):
-                if saved.get(key) != mine[key]:
-                    raise mismatch(
-                        f"shard {key} (per-rank state of a stream with replacement or a sampler)",
-                        saved.get(key),
-                        mine[key],
-                    )
-            if saved.get("batch_size") != mine["batch_size"]:
-                raise mismatch("batch_size", saved.get("batch_size"), mine["batch_size"])
-        for key in ("epoch", "consumed"):
-            value = state.get(key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ArgumentError(f"state_dict: {key} must be an int >= 0, got {value!r}")
-        if self.mode in ("random", "prioritized") and not isinstance(state.get("rng"), dict):
-            raise ArgumentError("state_dict: no generator state ('rng') saved")
-        if self.mode == "sampler" and "sampler" not in state and hasattr(self.sampler, "state_dict"):
-            raise ArgumentError("state_dict: no sampler state saved, but this stream's sampler has one")
-
-    def load(self, state: dict[str, Any]) -> None:
-        self.check(state)
-        key = SAMPLER_STATE.get(self.mode)
-        if key is not None and key in state:
-            cast(StatefulSampler, self.sampler).load_state_dict(copy.deepcopy(state[key]))
-        if self.mode == "prioritized":
-            cast(PrioritizedSampler, self.sampler).rng.bit_generator.state = copy.deepcopy(state["rng"])
-        self._reset(int(state["params"]["seed"]), int(state["epoch"]), int(state["consumed"]))
-        self.ended = bool(state.get("finished"))
-
-
-def _global_batch(params: dict[str, Any]) -> Any:
-    try:
-        return int(params["batch_size"]) * int(params["world"])
-    except (KeyError, TypeError, ValueError):
-        return None
-
-
-_END = object()
-
-
-class _Prefetcher:
-    """A background thread keeping up to ``depth`` built batches ready (bounded queue).
-
-    It references only the planner and the build function, never the stream,
-    so dropping the stream stops it. Every live prefetcher is stopped and
-    joined by :func:`_stop_all_prefetchers` before the interpreter tears down,
-    so no thread is inside a TensorStore read when TensorStore's static
-    destructors run (that aborts the process: "terminate called without an
-    active exception").
-    """
-
-    def __init__(self, planner: _Planner, build: Callable[[np.ndarray], SegmentBatch], depth: int) -> None:
-        self.queue: queue.Queue = queue.Queue(maxsize=depth)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(
-            target=self._run, args=(planner, build), daemon=True, name="episodelake-prefetch"
-        )
-        _LIVE_PREFETCHERS.add(self)
-        self._thread.start()
-
-    def _run(self, planner: _Planner, build: Callable[[np.ndarray], SegmentBatch]) -> None:
-        # Batches are planned here in order and built by ``depth`` threads at once, so the object-store reads
-        # of several batches are in flight together (latency overlaps); the queue keeps their order. Leaving
-        # the pool waits for every build, so no read outlives this thread.
-        with ThreadPoolExecutor(max(1, self.queue.maxsize), thread_name_prefix="episodelake-build") as pool:
-            while not self._stop.is_set():
-                try:
-                    ids = planner.next_ids()
-                    item = _END if ids is None else (pool.submit(build, ids), planner.state())
-                except BaseException as exc:  # handed to the consumer, which re-raises it
-                    item = exc
-                self.queue.put(item)
-                if item is _END or isinstance(item, BaseException):
-                    return
-
-    def get(self) -> Any:
-        """The next item; raises :class:`StreamStoppedError` once stopped with nothing left (never blocks)."""
-        while True:
-            try:
-                item = self.queue.get(timeout=0.1)
-                if isinstance(item, tuple) and isinstance(item[0], Future):
-                    error = item[0].exception()
-                    if error is not None:
-                        self._stop.set()  # as when planning fails: nothing after a failed batch is built
-                        return error
-                    return item[0].result(), item[1]
-                return item
-            except queue.Empty:
-                if self._stop.is_set() and not self._thread.is_alive():
-                    raise StreamStoppedError("the stream's prefetch thread was stopped (interpreter exit)") from None
-
-    def stop(self) -> None:
-        """Stop the thread and wait until it ended (its current batch read completes first)."""
-        self._stop.set()
-        _LIVE_PREFETCHERS.discard(self)
-        if threading.current_thread() is self._thread:
-            return
-        while self._thread.is_alive():  # unblock a pending put, then let the thread see the flag
-            try:
-                self.queue.get_nowait()
-            except queue.Empty:
-                self._thread.join(timeout=0.05)
-
-
-_LIVE_PREFETCHERS: weakref.WeakSet[_Prefetcher] = weakref.WeakSet()
-
-
-def _stop_all_prefetchers() -> None:
-    for prefetcher in list(_LIVE_PREFETCHERS):
-        prefetcher.stop()
-
-
-# threading's exit hooks run at the start of interpreter shutdown, before non-daemon
-# threads are joined, before atexit callbacks and long before native static destructors.
-threading._register_atexit(_stop_all_prefetchers)  # type: ignore[attr-defined]
-
-
 class SegmentStream:
     """The training stream of segment batches. Iterate it, or call :meth:`sample`.
 
     Args:
         collection: a Dataset or DatasetView.
-        sequence_length: transitions per segment ``L``; or give
-            ``context_length`` and ``target_length`` (``L = C + T``) to get
-            ``batch.context``/``batch.target``.
+        window: which segments: an :class:`~episodelake.options.Window`
+            (length ``L``, or context + target to get
+            ``batch.context``/``batch.target``; pad; stride) or an int ``L``.
         batch_size: segments per batch.
-        seed: makes the stream deterministic (None: fresh entropy, recorded in
-            ``state_dict()``).
-        shuffle / replacement: ``True``/``True`` (default): infinite, uniform
-            with replacement. ``True``/``False``: one pass in a seeded random
-            order. ``shuffle=False``: one pass in segment order.
-        pad, stride: as in :class:`SegmentDataset`.
-        where: SQL predicate over ``episodes``; ``filter``: callable on each
-            episode's ``EpisodeRef``.
-        weights: per-episode sampling weights (a segment's weight is its
-            episode's): a SQL expression or query, or an array (see
-            :func:`episode_weights`); with-replacement mode only.
-        sampler: a :class:`~episodelake.samplers.Sampler`: an object with
+        sampler: how segments are chosen (see :mod:`~episodelake.options`):
+            ``el.Uniform()`` (None, the default): infinite, uniform with
+            replacement; ``el.Uniform(replacement=False)``: finite passes, each
+            in a new seeded random order; ``el.Sequential()``: finite passes
+            in segment order; ``el.Weighted(weights)``: with replacement, a
+            segment as likely as its episode's weight (a SQL expression or
+            query, or an array: see :func:`episode_weights`);
+            ``el.Prioritized(priority, alpha, beta)``: prioritized replay
+            (:mod:`episodelake.priority`): batches carry ``indices`` and
+            importance ``weights``, new priorities go to
+            :meth:`update_priorities`, and each batch is drawn when requested,
+            so it sees every update before it (no prefetch). Or a
+            :class:`~episodelake.samplers.Sampler`: an object with
             ``sample(index, batch_size)`` returning segment ids in
             ``[0, len(index))`` (optionally ``state_dict()`` /
-            ``load_state_dict()`` for resume; an empty result ends the stream).
-            A :class:`~episodelake.samplers.PrioritizedSampler` makes the
-            stream prioritized, as ``priority=`` does, with that sampler.
-        priority: prioritized replay: each segment's starting priority (a
-            number, a scalar per-step field key, a SQL expression or query
-            over ``episodes``, or an array; see :mod:`episodelake.priority`).
-            A segment is drawn with probability ``p ** alpha / sum(p ** alpha)``;
-            batches carry ``indices`` and importance ``weights``
-            (``(N * P) ** -beta`` over the batch's largest); pass new
-            priorities with :meth:`update_priorities`. Each batch is drawn
-            when requested, so it sees every update before it (no prefetch).
-        alpha, beta: the prioritization and importance exponents (0.6, 0.4).
-        shard: ``(rank, world_size)``. Finite passes deal the pass's global
-            segment sequence round-robin over the ranks, and every rank yields
-            the same number of batches (see ``shard_policy``); with
+            ``load_state_dict()`` for resume; an empty result ends the
+            stream); a :class:`~episodelake.samplers.PrioritizedSampler` makes
+            the stream prioritized with that sampler.
+        seed: makes the stream deterministic (None: fresh entropy, recorded in
+            ``state_dict()``).
+        where: SQL predicate over ``episodes``; ``filter``: callable on each
+            episode's ``EpisodeRef``.
+        shard: ``(rank, world)`` or an :class:`~episodelake.options.Shard`.
+            Finite passes deal the pass's global segment sequence round-robin
+            over the ranks, and every rank yields the same number of batches
+            (the shard's ``policy``: ``"wrap"`` or ``"drop"``); with
             replacement or a sampler each rank samples its own disjoint share
             of the index.
-        shard_policy: how a finite sharded pass evens out ``N`` segments over
-            ``w`` ranks: ``"wrap"`` (default, like
-            ``torch.utils.data.DistributedSampler``) repeats the first
-            ``ceil(N / w) * w - N`` positions of the pass; ``"drop"`` leaves
-            out the last ``N % w``.
         prefetch: batches built ahead by a background thread (0: none).
         drop_last: in finite passes, drop a last batch smaller than ``batch_size``.
         follow: before each batch, take in the episodes committed since
@@ -410,111 +127,76 @@ class SegmentStream:
 
     A finite stream ends each pass with ``StopIteration``; iterating it again
     (``iter(stream)``, a new ``for`` loop) starts the next pass (epoch), in a
-    new order for ``replacement=False``.
+    new order for ``el.Uniform(replacement=False)``.
 
     ``state_dict()`` describes the position after the last batch returned
     (not after batches prefetched but not yet returned); a stream built with
     the same arguments resumes exactly with ``load_state_dict()``, which
     raises ArgumentError naming the first parameter that differs. A finite
     pass's state counts the global positions consumed, so it loads on any
-    rank and, at the same global batch size ``batch_size * world_size``, on a
+    rank and, at the same global batch size ``batch_size * world``, on a
     different world size: rank ``r`` of the new world continues from that
     global position.
     """
 
     def __init__(
         self,
-        collection: Any,
-        sequence_length: int | None = None,
+        collection: EpisodeCollection,
+        window: Window | int,
         *,
-        context_length: int | None = None,
-        target_length: int | None = None,
         batch_size: int = 64,
+        sampler: Strategy | Sampler | None = None,
         seed: int | None = None,
-        shuffle: bool = True,
-        replacement: bool = True,
-        pad: str | None = "suffix",
-        stride: int = 1,
         where: str | None = None,
         filter: Callable[[Any], bool] | None = None,
-        weights: Any = None,
-        sampler: Sampler | None = None,
-        shard: Sequence[int] | None = None,
+        shard: Shard | Sequence[int] | None = None,
         prefetch: int = 2,
         drop_last: bool = False,
-        shard_policy: str = "wrap",
-        priority: Any = None,
-        alpha: float | None = None,
-        beta: float | None = None,
         follow: bool = False,
         transform: Mapping[str, Transform] | None = None,
     ) -> None:
         if not isinstance(follow, bool):
             raise ArgumentError(f"follow must be a bool, got {follow!r}")
-        if context_length is not None or target_length is not None:
-            if context_length is None or target_length is None:
-                raise ArgumentError("give both context_length and target_length")
-            C = check_positive(context_length, "context_length")
-            L = C + check_positive(target_length, "target_length")
-            if sequence_length is not None and sequence_length != L:
-                raise ArgumentError(
-                    f"sequence_length={sequence_length} disagrees with context_length + target_length = {L}"
-                )
-        elif sequence_length is None:
-            raise ArgumentError("give sequence_length, or context_length and target_length")
-        else:
-            C, L = None, check_positive(sequence_length, "sequence_length")
+        win = window_of(window)
+        L, C = win.size, win.context
         self.batch_size = check_positive(batch_size, "batch_size")
         if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
             raise ArgumentError(f"prefetch must be an int >= 0, got {prefetch!r}")
-        if sampler is not None and not callable(getattr(sampler, "sample", None)):
-            raise ArgumentError("sampler must have a sample(index, batch_size) method")
-        if weights is not None and (sampler is not None or not (shuffle and replacement)):
-            raise ArgumentError("weights apply to the default with-replacement sampler only")
-        if weights is not None and priority is not None:
-            raise ArgumentError("give weights= or priority=, not both")
-        given_sampler = sampler
-        per = prioritized_sampler(sampler, priority, alpha, beta, None)
-        if per is not None and not (shuffle and replacement):
-            raise ArgumentError("priority applies to sampling with replacement only (shuffle=True, replacement=True)")
-        if shard_policy not in SHARD_POLICIES:
-            raise ArgumentError(f"shard_policy must be 'wrap' or 'drop', got {shard_policy!r}")
+        strategy = sampler_of(sampler, "segment_stream", tuple(KINDS))
+        kind = kind_of(strategy)
+        part = shard_of(shard) or Shard(0, 1)
         check_seed(seed)
+        per = prioritized_sampler(strategy, None)
+        weights = strategy.weights if isinstance(strategy, Weighted) else None
         snap, positions = select(collection, where, filter)
         self._source = _Source(collection, where, filter, weights, snap, positions)
-        self.index = SegmentIndex(positions, snap.lengths[positions], L, pad, stride, shard)
+        self.index = SegmentIndex(positions, snap.lengths[positions], L, win.pad, win.stride, (part.rank, part.world))
         self.sequence_length, self.context_length = L, C
         self._build = _BatchBuilder(self.index, reader_for(snap), L, C, check_transforms(snap.schema, transform))
         per_episode = None
         if weights is not None:
             per_episode = episode_weights(collection, snap, positions, weights)
         mass = None if per_episode is None else self.index.episode_weights_table(per_episode)
-        if per is not None:
-            mode = "prioritized"
-        elif sampler is not None:
-            mode = "sampler"
-        elif not shuffle:
-            mode = "ordered"
-        else:
-            mode = "random" if replacement else "permutation"
+        mode = "prioritized" if per is not None else MODES[kind]
         if mode == "permutation" and self.index.world > 1 and seed is None:
             raise ArgumentError(
-                "seed: a sharded pass with replacement=False needs an explicit seed, the same on every rank "
-                "(each rank must draw the same permutation)"
+                "seed: a sharded pass with el.Uniform(replacement=False) needs an explicit seed, the same on every "
+                "rank (each rank must draw the same permutation)"
             )
         seed_given = seed is not None
         if seed is None:
             seed = int(cast(int, np.random.SeedSequence().entropy) % (1 << 63))
+        built = cast(Sampler, strategy) if kind == "sampler" else None  # finite passes draw without one
         if mode == "random":  # the built-in samplers
             self.index.sample_uniform(np.random.default_rng(0), 0)  # fail now if there is nothing to sample
             rng_seed = seed if self.index.world == 1 else [seed, self.index.rank]
-            sampler = UniformSampler(rng_seed) if mass is None else WeightedSampler(rng_seed, mass)
+            built = UniformSampler(rng_seed) if mass is None else WeightedSampler(rng_seed, mass)
         if per is not None:
             self.index.sample_uniform(np.random.default_rng(0), 0)  # fail now if there is nothing to sample
-            if sampler is None:  # the stream's own: seeded like the built-in samplers
+            if kind == "prioritized":  # the stream's own: seeded like the built-in samplers
                 per.rng = np.random.default_rng(seed if self.index.world == 1 else [seed, self.index.rank])
-            bind(per, collection, snap, positions, self.index, priority)
-            sampler = per
+            bind(per, collection, snap, positions, self.index, priority_of(strategy))
+            built = per
         params = {
             "sequence_length": L,
             "pad": self.index.pad,
@@ -525,7 +207,7 @@ class SegmentStream:
             "alpha": None if per is None else per.alpha,
             "beta": None if per is None else per.beta,
             "drop_last": bool(drop_last),
-            "shard_policy": shard_policy,
+            "shard_policy": part.policy,
             "batch_size": self.batch_size,
             "rank": self.index.rank,
             "world": self.index.world,
@@ -535,9 +217,9 @@ class SegmentStream:
             self.batch_size,
             mode,
             int(seed),
-            sampler,
+            built,
             bool(drop_last),
-            shard_policy,
+            part.policy,
             params,
             seed_given,
         )
@@ -546,27 +228,29 @@ class SegmentStream:
         self._prefetcher: _Prefetcher | None = None
         self._done = False
         if follow and self._planner.finite:
-            raise ArgumentError("follow=True applies to streams with replacement (shuffle=True, replacement=True)")
+            raise ArgumentError("follow=True applies to streams with replacement (not finite passes)")
         self.follow = follow
+        # the lineage record keeps 0.3's keys (lineage.py rebuilds the option objects from them)
+        prioritized = strategy if isinstance(strategy, Prioritized) else None
         self._arguments = {
             "sequence_length": None if C is not None else L,
             "context_length": C,
             "target_length": None if C is None else L - C,
             "batch_size": self.batch_size,
             "seed": int(seed),
-            "shuffle": bool(shuffle),
-            "replacement": bool(replacement),
-            "pad": pad,
-            "stride": stride,
+            "shuffle": kind != "sequential",
+            "replacement": kind not in ("passes", "sequential"),
+            "pad": win.pad,
+            "stride": win.stride,
             "where": where,
             "filter": _described(filter),
             "weights": _described(weights),
-            "sampler": _described(given_sampler),
-            "priority": _described(priority),
-            "alpha": alpha,
-            "beta": beta,
+            "sampler": _described(None if kind != "sampler" else strategy),
+            "priority": None if prioritized is None else _described(prioritized.priority),
+            "alpha": None if prioritized is None else prioritized.alpha,
+            "beta": None if prioritized is None else prioritized.beta,
             "shard": [self.index.rank, self.index.world],
-            "shard_policy": shard_policy,
+            "shard_policy": part.policy,
             "drop_last": bool(drop_last),
             "prefetch": prefetch,
             "follow": follow,
@@ -628,17 +312,19 @@ class SegmentStream:
 
     @property
     def prioritized(self) -> bool:
-        """Whether batches are drawn by priority (``priority=`` or a PrioritizedSampler)."""
+        """Whether batches are drawn by priority (``el.Prioritized`` or a PrioritizedSampler)."""
         return self._planner.mode == "prioritized"
 
     def update_priorities(self, indices: Any, priorities: Any) -> None:
         """New priorities for the segments ``indices`` of earlier batches (``batch.indices``).
 
         See :meth:`PrioritizedSampler.update_priorities`; ArgumentError on a
-        stream built without ``priority=``.
+        stream built without ``el.Prioritized`` or a PrioritizedSampler.
         """
         if not self.prioritized:
-            raise ArgumentError("update_priorities: this stream was built without priority= or a PrioritizedSampler")
+            raise ArgumentError(
+                "update_priorities: this stream was built without el.Prioritized or a PrioritizedSampler"
+            )
         cast(PrioritizedSampler, self._planner.sampler).update_priorities(indices, priorities)
 
     @property
@@ -666,7 +352,7 @@ class SegmentStream:
         """
         source = self._source
         if self._planner.finite:
-            raise ArgumentError("refresh applies to streams with replacement (shuffle=True, replacement=True)")
+            raise ArgumentError("refresh applies to streams with replacement (not finite passes)")
         if not callable(getattr(source.collection, "refresh", None)):
             raise ArgumentError("refresh: this stream reads a pinned view; build it on a Dataset to follow commits")
         snap = source.collection.refresh().snapshot()
@@ -724,14 +410,11 @@ class SegmentStream:
         cannot travel as JSON is recorded as ``{"given": <kind>}`` and must
         be passed again when rebuilding.
         """
-        collection = self._source.collection
-        origin = getattr(collection, "_origin", None)
-        location = getattr(origin, "location", None)
-        selection = getattr(collection, "_selection", None)
+        chosen = selection(self._source.collection, self._source.snap)
         return {
-            "url": None if location is None else public_url(location.url),
+            "url": public_url(self._source.snap.loc.url),
             "version": self.version,
-            "selection": None if selection is None or not _is_json(selection) else [dict(s) for s in selection],
+            "selection": None if chosen is None or not _is_json(chosen) else [dict(s) for s in chosen],
             "stream": dict(self._arguments),
         }
 

@@ -25,11 +25,11 @@ Observation fields are read as one buffer per field (``obs`` and ``next_obs``
 are views of it), so ``map(fn)`` converts each buffer once. The batch is a
 :class:`~episodelake.batch.Transitions`.
 
-Which transitions: uniform with replacement by default; ``weights=``
-(per-episode, as for streams), ``sampler=`` (the
-:class:`~episodelake.samplers.Sampler` protocol over a segment index of
-length-1 segments: one id per transition) or ``priority=`` (prioritized
-replay, :mod:`episodelake.priority`). A
+Which transitions (``sampler=``, :mod:`.options`): ``el.Uniform()`` with
+replacement by default; ``el.Weighted(weights)`` (per-episode, as for
+streams); ``el.Prioritized(priority, alpha, beta)`` (prioritized replay,
+:mod:`episodelake.priority`); or a :class:`~episodelake.samplers.Sampler`
+over a segment index of length-1 segments (one id per transition). A
 :class:`~episodelake.samplers.PrioritizedSampler` kept across calls keeps the
 priorities (``sampler.update_priorities(tr.indices, ...)``), also while the
 dataset grows or loses episodes.
@@ -39,19 +39,23 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from ..core.errors import ArgumentError
 from ..core.transforms import Transform, apply_transforms, check_transforms
 from ..read.batching import WindowReader, reader_for
+from ..read.collection import EpisodeCollection
 from ..read.selection import episode_weights, select
 from ..read.snapshot import Snapshot
 from .batch import Transitions
-from .priority import bind, prioritized_sampler
+from .options import Strategy, Weighted, kind_of, sampler_of
+from .priority import bind, prioritized_sampler, priority_of
+from .samplers import Sampler
 from .segment_index import SegmentIndex, check_positive, check_seed
 
+TRANSITION_SAMPLERS = ("uniform", "weighted", "prioritized", "sampler")  # draws with replacement only
 # the transition index of each snapshot's last selection: repeated draws from one collection skip rebuilding it
 _INDEXES: weakref.WeakKeyDictionary[Snapshot, tuple[np.ndarray, SegmentIndex]] = weakref.WeakKeyDictionary()
 
@@ -133,7 +137,7 @@ def build_transitions(
 
 
 def sample_transitions(
-    collection: Any,
+    collection: EpisodeCollection,
     batch_size: int,
     *,
     n_step: int = 1,
@@ -142,27 +146,23 @@ def sample_transitions(
     horizon: int = 1,
     seed: int | None = None,
     rng: np.random.Generator | None = None,
+    sampler: Strategy | Sampler | None = None,
     where: str | None = None,
     filter: Callable[[Any], bool] | None = None,
-    weights: Any = None,
-    sampler: Any = None,
-    priority: Any = None,
-    alpha: float | None = None,
-    beta: float | None = None,
     transform: Mapping[str, Transform] | None = None,
 ) -> Transitions:
     """``batch_size`` transitions drawn with replacement from ``collection``: uniformly by default.
 
     Pass ``rng`` (a ``np.random.Generator``) for a reproducible sequence of
     calls; ``seed`` makes this one call deterministic. ``where``/``filter``
-    narrow the episodes first. ``weights``: per-episode weights (as for
-    ``segment_stream``). ``sampler``: a :class:`~episodelake.samplers.Sampler`
-    over transition ids, or a :class:`~episodelake.samplers.PrioritizedSampler`
-    (kept across calls: its own generator, ``alpha``, ``beta``; ``priority=``
-    then gives the priorities of transitions it has not seen, else they start
-    at the largest seen). ``priority`` alone: one prioritized draw
-    (``alpha``/``beta``, default 0.6/0.4) from the given priorities. A
-    prioritized batch has ``indices`` and ``weights`` (see
+    narrow the episodes first. ``sampler``: ``el.Uniform()`` (None),
+    ``el.Weighted(weights)`` (per-episode weights, as for ``segment_stream``),
+    ``el.Prioritized(priority, alpha, beta)`` (one prioritized draw from the
+    given priorities), a :class:`~episodelake.samplers.Sampler` over
+    transition ids, or a :class:`~episodelake.samplers.PrioritizedSampler`
+    (kept across calls: its own generator, ``alpha``, ``beta``; transitions
+    it has not seen start at the largest priority seen). A prioritized batch
+    has ``indices`` and ``weights`` (see
     :class:`~episodelake.samplers.PrioritizedSampler`). ``transform``: per
     field, a :class:`~episodelake.transforms.FrameTransform` or callable
     applied to the batch's buffers.
@@ -175,32 +175,30 @@ def sample_transitions(
     seed = check_seed(seed)
     if rng is not None and not isinstance(rng, np.random.Generator):
         raise ArgumentError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
-    if sampler is not None and not callable(getattr(sampler, "sample", None)):
-        raise ArgumentError("sampler must have a sample(index, batch_size) method")
-    if sampler is not None and (seed is not None or rng is not None):
-        raise ArgumentError("seed and rng apply to the built-in draws: a sampler= draws with its own generator")
-    if weights is not None and (sampler is not None or priority is not None):
-        raise ArgumentError("weights apply to the default sampler only: give weights=, sampler= or priority=")
-    per = prioritized_sampler(sampler, priority, alpha, beta, seed if rng is None else rng)
+    strategy = sampler_of(sampler, "sample_transitions", TRANSITION_SAMPLERS)
+    custom = kind_of(strategy) == "sampler"
+    if custom and (seed is not None or rng is not None):
+        raise ArgumentError("seed and rng apply to the built-in draws: a Sampler object draws with its own generator")
+    per = prioritized_sampler(strategy, seed if rng is None else rng)
     snap, positions = select(collection, where, filter)
     transforms = check_transforms(snap.schema, transform)
     index = transition_index(snap, positions)
     drawn: tuple[np.ndarray, np.ndarray] | None = None
     if per is not None:
-        bind(per, collection, snap, positions, index, priority)
+        bind(per, collection, snap, positions, index, priority_of(strategy))
         local, slots, importance = per.draw(B)
         drawn = (slots, importance)
-    elif sampler is not None:
-        local = np.asarray(sampler.sample(index, B))
+    elif custom:
+        local = np.asarray(cast(Sampler, strategy).sample(index, B))
     else:  # a new generator only here: seeding one from fresh entropy costs more than a prioritized draw
         rng = np.random.default_rng(seed) if rng is None else rng
-        if weights is not None:
-            mass = index.episode_weights_table(episode_weights(collection, snap, positions, weights))
+        if isinstance(strategy, Weighted):
+            mass = index.episode_weights_table(episode_weights(collection, snap, positions, strategy.weights))
             local = index.sample_weighted(rng, B, mass)
         else:
             local = index.sample_uniform(rng, B)
     # a user sampler's ids are checked; built-in draws are in range (one shard: local ids are global)
-    which, t = index.locate(local) if sampler is not None and per is None else index.locate_global(local)
+    which, t = index.locate(local) if custom and per is None else index.locate_global(local)
     out = build_transitions(reader_for(snap), positions[which], t, n, gamma, k, h)
     apply_transforms(out.buffers, snap.schema, transforms)
     if drawn is not None:
