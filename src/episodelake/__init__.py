@@ -30,6 +30,7 @@ from .core.transforms import FrameTransform
 from .dataset import Dataset, DatasetView, EpisodeRef
 from .lineage import load_state, save_state, stream_from_state
 from .sampling.batch import SegmentBatch as Batch
+from .sampling.options import Prioritized, Sequential, Shard, Uniform, Weighted, Window
 from .sampling.samplers import PrioritizedSampler
 from .storage.location import StorageTimeouts
 from .storage.retention import Capacity
@@ -58,17 +59,23 @@ __all__ = [
     "FrameTransform",
     "LocationError",
     "MissingDependencyError",
+    "Prioritized",
     "PrioritizedSampler",
     "QueryError",
     "ReadOnlyError",
     "RoleView",
     "SchemaError",
     "Segment",
+    "Sequential",
+    "Shard",
     "StorageError",
     "StorageTimeouts",
     "StreamStoppedError",
+    "Uniform",
     "ValidationError",
     "VectorEpisodeWriter",
+    "Weighted",
+    "Window",
     "concat",
     "infer_schema",
     "load_state",

@@ -16,34 +16,40 @@ so episodes are identified by ``(source, episode_id)``.
   or episodes), which makes the mix uniform over the union. Inside a source,
   items are drawn exactly as the source's own sampler draws them (the
   per-source ``segment_stream``/``sample_transitions``), so per-episode
-  ``weights=`` and the other sampling options apply within each source.
+  weights (``sampler=el.Weighted(...)``) and the other sampling options apply
+  within each source.
   Everything is seeded: the same seed gives the same batches, and a concat
   stream's ``state_dict()`` resumes it exactly.
 """
 
 from __future__ import annotations
 
+import itertools
 import re
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any, cast
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar, cast
 
 import duckdb
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from .core.errors import ArgumentError, QueryError, SchemaError
+from .core.errors import ArgumentError, EpisodeLakeError, QueryError, SchemaError
 from .core.schema import DatasetSchema
-from .dataset import Dataset, DatasetView, EpisodeCollection, EpisodeRef
-from .read.query import database
+from .dataset import Dataset, DatasetView, EpisodeRef
+from .read.query import SQLResult, Views, check_selection, database, positions_in, sql_over, where_condition
 from .read.selection import select
 from .sampling.batch import SegmentBatch, Transitions
+from .sampling.options import Shard, Strategy, Weighted, Window, sampler_of, window_of
 from .sampling.segment_index import check_positive, check_seed
 from .sampling.stream import SegmentStream
 from .sampling.trajectories import TrajectoryStream, check_probs, fresh_seed, join_items, to_numpy
 
 SOURCE = "source"
+CONCAT_SAMPLERS = ("uniform", "weighted")  # each source draws with replacement; a source per item by its weight
 STATE_FORMAT = 1
 _NAMES_STEPS = re.compile(r"\bsteps\b", re.IGNORECASE)
+T = TypeVar("T")
 
 
 def _read_contract(schema: DatasetSchema) -> dict[str, tuple[Any, ...]]:
@@ -96,25 +102,25 @@ def _merge_moments(parts: list[dict[str, Any]]) -> dict[str, Any]:
 class ConcatView:
     """Several datasets/views with the same schema read as one (see module docstring). Make with :func:`concat`."""
 
-    def __init__(self, sources: Sequence[EpisodeCollection], weights: Any = None) -> None:
-        if isinstance(sources, EpisodeCollection | str) or not isinstance(sources, Sequence) or not sources:
+    def __init__(self, sources: Sequence[Dataset | DatasetView], weights: Any = None) -> None:
+        if isinstance(sources, Dataset | DatasetView | str) or not isinstance(sources, Sequence) or not sources:
             raise ArgumentError("el.concat needs a non-empty list of datasets or views")
         for s, src in enumerate(sources):
-            if not isinstance(src, EpisodeCollection):
+            if not isinstance(src, Dataset | DatasetView):
                 raise ArgumentError(f"el.concat: source {s} is a {type(src).__name__}, not a Dataset or DatasetView")
         check_same_schema([src.schema for src in sources])
         if any(f.role == "meta" and f.name == SOURCE for f in sources[0].schema.fields):
             raise SchemaError(f"el.concat: meta field {SOURCE!r} would shadow the concat's {SOURCE!r} column")
         # a Dataset moves with its commits: pin each source to its snapshot now, as a view of all its episodes
-        self.sources: tuple[EpisodeCollection, ...] = tuple(
+        self.sources: tuple[DatasetView, ...] = tuple(
             _pinned(src) if isinstance(src, Dataset) else src for src in sources
         )
         if weights is not None:
             check_probs(weights, [1] * len(self.sources))
         self.weights = None if weights is None else np.asarray(weights, dtype=np.float64)
-        self._db: duckdb.DuckDBPyConnection | None = None
         self._tables: dict[str, list[pa.Table]] = {}
 
+    # ---- episodes: each source's own reads, in source order
     @property
     def schema(self) -> DatasetSchema:
         return self.sources[0].schema
@@ -126,13 +132,52 @@ class ConcatView:
     def num_steps(self) -> int:
         return sum(src.num_steps for src in self.sources)
 
+    @property
+    def episode_ids(self) -> np.ndarray:
+        """Every source's episode ids, in source order (an id may repeat across sources)."""
+        return np.concatenate([src.episode_ids for src in self.sources])
+
+    def episodes(self) -> Iterator[EpisodeRef]:
+        """Every source's episodes, in source order."""
+        return itertools.chain.from_iterable(src.episodes() for src in self.sources)
+
+    def episode(self, i: int | None = None, *, id: int | None = None) -> EpisodeRef:
+        """The ``i``-th episode of the union (source order; negative counts from the end), or the one with ``id``.
+
+        Exactly one of ``i`` and ``id`` (:class:`ArgumentError` otherwise). Ids
+        are unique within a source only: an ``id`` that several sources hold is
+        an ArgumentError (ask ``concat.sources[s].episode(id=...)``), one none
+        holds a KeyError; an index out of range raises IndexError.
+        """
+        if (i is None) == (id is None):
+            raise ArgumentError("episode takes a position i or id=, exactly one of them")
+        if id is not None:
+            holders = [s for s, src in enumerate(self.sources) if np.isin(id, src.episode_ids)]
+            if len(holders) > 1:
+                raise ArgumentError(
+                    f"episode id {id} is in sources {holders}: ids are unique within a source; "
+                    "use concat.sources[s].episode(id=...)"
+                )
+            if not holders:
+                raise KeyError(f"no episode with id {id}")
+            return self.sources[holders[0]].episode(id=id)
+        n = len(self)
+        if isinstance(i, bool) or not isinstance(i, int | np.integer):
+            raise TypeError(f"episode index must be an int, got {type(i).__name__}")
+        if not -n <= i < n:
+            raise IndexError(f"episode index {i} out of range for {n} episodes")
+        starts = np.cumsum([0, *(len(src) for src in self.sources)])
+        s = int(np.searchsorted(starts, i % n, side="right")) - 1
+        return self.sources[s].episode(int(i % n - starts[s]))
+
     def __repr__(self) -> str:
         sizes = ", ".join(str(len(src)) for src in self.sources)
         weights = "" if self.weights is None else f", weights={self.weights.tolist()}"
         return f"ConcatView({len(self.sources)} sources of [{sizes}] episodes{weights})"
 
-    # ---- SQL
+    # ---- SQL: the shared query functions over the stacked views
     def _source_tables(self, view: str) -> list[pa.Table]:
+        """Each source's ``view`` rows with a leading ``source`` column, read once per concat."""
         if view not in self._tables:
             tables = []
             for s, src in enumerate(self.sources):
@@ -143,44 +188,53 @@ class ConcatView:
             self._tables[view] = tables
         return self._tables[view]
 
-    def _connect(self, query: str, sandbox: bool = False) -> duckdb.DuckDBPyConnection:
-        if self._db is None:
-            self._db = duckdb.connect()
-        cur = (database(sandbox=True) if sandbox else self._db).cursor()  # where(): reads only the sources
-        for view in ("episodes", "steps") if _NAMES_STEPS.search(query) else ("episodes",):
-            names = []
-            for s, tbl in enumerate(self._source_tables(view)):
-                cur.register(f"{view}_{s}", tbl)
-                names.append(f"SELECT * FROM {view}_{s}")
-            cur.execute(f"CREATE OR REPLACE TEMP VIEW {view} AS " + " UNION ALL BY NAME ".join(names))
-        return cur
+    def sql(self, query: str, params: Any = None, sandbox: bool = False) -> SQLResult | None:
+        """:meth:`Dataset.sql` over the stacked ``episodes``/``steps`` views, which lead with a ``source`` column.
 
-    def sql(self, query: str, params: Any = None) -> duckdb.DuckDBPyRelation | None:
-        """SQL over the stacked ``episodes``/``steps`` views (with a ``source`` column); a lazy relation."""
-        if not isinstance(query, str) or not query.strip():
-            raise QueryError(f"query must be a non-empty SQL string, got {query!r}")
-        try:
-            return self._connect(query).sql(query, params=params)
-        except duckdb.Error as exc:
-            raise QueryError(f"SQL error in {query!r}: {exc}") from exc
+        The same lazy :class:`~episodelake.read.query.SQLResult` (None for a
+        statement without a result), ``params`` and ``sandbox`` as a dataset's.
+        """
+        return sql_over(_Stacked(self, query), query, params, sandbox)
 
-    def where(self, predicate: str) -> ConcatView:
-        """The episodes for which a SQL predicate over the stacked ``episodes`` view holds (same weights)."""
-        if not isinstance(predicate, str) or not predicate.strip():
-            raise QueryError(f"where() needs a SQL predicate string, got {predicate!r}")
-        try:
-            rel = self._connect("", sandbox=True).table("episodes").filter(predicate).project(f"{SOURCE}, episode_id")
-            hits = rel.fetchnumpy()
-        except duckdb.Error as exc:
-            raise QueryError(f"invalid where() predicate {predicate!r}: {exc}") from exc
-        views = []
+    def where(self, predicate: str, params: Any = None) -> ConcatView:
+        """The episodes for which a SQL predicate over the stacked ``episodes`` view holds (same weights).
+
+        As :meth:`Dataset.where`: one SQL expression, ``params`` binding its
+        ``?``/``$name`` placeholders, run sandboxed; it may name ``source``.
+        """
+        what, condition = where_condition(predicate, params)
+        query = f"SELECT {SOURCE}, episode_id FROM episodes" + condition
+        return self._chosen(SQLResult(_Stacked(self, predicate), query, params, True, what).to_arrow_table(), what)
+
+    def select_episodes(self, query: str, params: Any = None) -> ConcatView:
+        """The episodes whose ``(source, episode_id)`` a SQL query returns (same weights; duplicates count once).
+
+        As :meth:`Dataset.select_episodes`, over the stacked views: the query
+        must return ``source`` and ``episode_id`` columns.
+        """
+        what = check_selection(query, params)
+        return self._chosen(SQLResult(_Stacked(self, query), query, params, True, what).to_arrow_table(), what)
+
+    def _chosen(self, rows: pa.Table, what: str) -> ConcatView:
+        """The concat of each source's episodes named by the ``(source, episode_id)`` rows of a query."""
+        if SOURCE not in rows.column_names:
+            raise QueryError(f"{what}: the query must return {SOURCE} and episode_id columns, got {rows.column_names}")
+        views, taken = [], 0
         for s, src in enumerate(self.sources):
+            mine = rows.filter(pc.equal(rows.column(SOURCE), s))
+            taken += mine.num_rows
             snap = src.snapshot()
-            positions = np.sort(snap.positions_of(hits["episode_id"][hits[SOURCE] == s]))
+            positions = positions_in(snap, mine, what)
+            outside = np.setdiff1d(positions, src.positions)
+            if len(outside):
+                bad = snap.index["episode_id"][outside][:10].tolist()
+                raise QueryError(f"{what}: episode ids not in source {s}: {bad}")
             views.append(src._view(snap, positions))
+        if taken < rows.num_rows:
+            raise QueryError(f"{what}: {SOURCE} must be a source index in [0, {len(self.sources)})")
         return ConcatView(views, self.weights)
 
-    def stats(self, fields: Sequence[str] | None = None) -> dict[str, Any]:
+    def stats(self, fields: Iterable[str] | None = None) -> dict[str, Any]:
         """:meth:`Dataset.stats` of the union, merged exactly from each source's mergeable moments."""
         parts = [src.stats(fields) for src in self.sources]
         return {key: _merge_moments([p[key] for p in parts]) for key in parts[0]}
@@ -201,9 +255,8 @@ class ConcatView:
         self,
         batch_size: int,
         *,
+        sampler: Strategy | None = None,
         seed: int | None = None,
-        shuffle: bool = True,
-        replacement: bool = True,
         drop_last: bool = False,
         where: str | None = None,
         filter: Callable[[EpisodeRef], bool] | None = None,
@@ -217,14 +270,13 @@ class ConcatView:
             batch_size,
             probs=self.weights,
             seed=seed,
-            shuffle=shuffle,
-            replacement=replacement,
+            sampler=sampler,
             drop_last=drop_last,
             pad_value=pad_value,
         )
 
     # ---- sampling
-    def _narrowed(self, where: str | None, filter: Callable[[EpisodeRef], bool] | None) -> Sequence[EpisodeCollection]:
+    def _narrowed(self, where: str | None, filter: Callable[[EpisodeRef], bool] | None) -> Sequence[DatasetView]:
         if where is None and filter is None:
             return self.sources
         out = []
@@ -232,6 +284,15 @@ class ConcatView:
             snap, positions = select(src, where, filter)
             out.append(src._view(snap, positions))
         return out
+
+    def _strategy(self, sampler: Any, method: str) -> Strategy:
+        """``sampler=`` of a concat's draws: uniform or weighted within each source (weighted: with source weights)."""
+        strategy = cast(Strategy, sampler_of(sampler, f"el.concat(...).{method}", CONCAT_SAMPLERS))
+        if isinstance(strategy, Weighted) and self.weights is None:
+            raise ArgumentError(
+                f"{method}: per-episode el.Weighted on a concat needs source weights: el.concat(..., weights=[...])"
+            )
+        return strategy
 
     def sample_transitions(
         self,
@@ -243,16 +304,19 @@ class ConcatView:
         horizon: int = 1,
         seed: int | None = None,
         rng: np.random.Generator | None = None,
+        sampler: Strategy | None = None,
         where: str | None = None,
         filter: Callable[[EpisodeRef], bool] | None = None,
-        **kwargs: Any,
+        transform: Mapping[str, Any] | None = None,
     ) -> Transitions:
         """:meth:`Dataset.sample_transitions` over the union: each item's source drawn by ``weights``.
 
-        ``batch.source`` holds each item's source index. Other keywords go to
-        each source's ``sample_transitions`` (so they apply within a source).
+        ``batch.source`` holds each item's source index. ``sampler``
+        (``el.Uniform()`` or ``el.Weighted``) and the other options apply
+        within each source.
         """
         B = check_positive(batch_size, "batch_size")
+        strategy = self._strategy(sampler, "sample_transitions")
         if rng is None:
             rng = np.random.default_rng(check_seed(seed))
         elif not isinstance(rng, np.random.Generator):
@@ -260,11 +324,11 @@ class ConcatView:
         views = self._narrowed(where, filter)
         probs = check_probs(self.weights, [v.num_steps for v in views])
         which = _draw_sources(rng, probs, B)
-        options = dict(n_step=n_step, gamma=gamma, history=history, horizon=horizon, **kwargs)
+        options = dict(n_step=n_step, gamma=gamma, history=history, horizon=horizon, transform=transform)
         parts, items = [], []
         for s in np.unique(which).tolist():
             hit = np.flatnonzero(which == s)
-            parts.append(views[s].sample_transitions(len(hit), rng=rng, **options))
+            parts.append(views[s].sample_transitions(len(hit), rng=rng, sampler=strategy, **options))
             items.append(hit)
         order = np.argsort(np.concatenate(items), kind="stable")
         first = parts[0]
@@ -274,58 +338,49 @@ class ConcatView:
 
     def segment_stream(
         self,
+        window: Window | int,
         *,
-        sequence_length: int | None = None,
-        context_length: int | None = None,
-        target_length: int | None = None,
         batch_size: int = 64,
+        sampler: Strategy | None = None,
         seed: int | None = None,
-        pad: str | None = "suffix",
-        stride: int = 1,
         where: str | None = None,
         filter: Callable[[EpisodeRef], bool] | None = None,
-        weights: Any = None,
-        shard: Sequence[int] | None = None,
+        shard: Shard | Sequence[int] | None = None,
         prefetch: int = 2,
-        **kwargs: Any,
+        drop_last: bool = False,
+        follow: bool = False,
+        transform: Mapping[str, Any] | None = None,
     ) -> ConcatStream:
         """An infinite stream of segment batches mixing the sources (with replacement); see :class:`ConcatStream`.
 
         Arguments are :meth:`Dataset.segment_stream`'s and apply within each
-        source (``weights=`` per-episode weights need ``el.concat(...,
-        weights=)`` to mix the sources). ``batch.source`` holds each item's source.
+        source; ``sampler``: ``el.Uniform()`` or ``el.Weighted`` (per-episode
+        weights need ``el.concat(..., weights=)`` to mix the sources).
+        ``batch.source`` holds each item's source.
         """
         B = check_positive(batch_size, "batch_size")
+        win = window_of(window)
+        strategy = self._strategy(sampler, "segment_stream")
         seed = check_seed(seed)
         if seed is None:
             seed = fresh_seed()
-        if weights is not None and self.weights is None:
-            raise ArgumentError("per-episode weights= on a concat need source weights: el.concat(..., weights=[...])")
         views = self._narrowed(where, filter)
         if self.weights is None:
-            length = sequence_length
-            if length is None:
-                if context_length is None or target_length is None:
-                    raise ArgumentError("give sequence_length, or context_length and target_length")
-                length = context_length + target_length
-            sizes = [len(v.segments(length, pad=pad, stride=stride)) if len(v) else 0 for v in views]
+            sizes = [len(v.segments(win)) if len(v) else 0 for v in views]
         else:
             sizes = [len(v) for v in views]
         probs = check_probs(self.weights, sizes)
         options = dict(
-            sequence_length=sequence_length,
-            context_length=context_length,
-            target_length=target_length,
             batch_size=B,
-            pad=pad,
-            stride=stride,
-            weights=weights,
+            sampler=strategy,
             shard=shard,
             prefetch=prefetch,
-            **kwargs,
+            drop_last=drop_last,
+            follow=follow,
+            transform=transform,
         )
         streams = [
-            v.segment_stream(seed=_source_seed(seed, s), **options) if probs[s] > 0 else None
+            v.segment_stream(win, seed=_source_seed(seed, s), **options) if probs[s] > 0 else None
             for s, v in enumerate(views)
         ]
         return ConcatStream(streams, probs, B, seed)
@@ -334,6 +389,34 @@ class ConcatView:
 def _pinned(ds: Dataset) -> DatasetView:
     snap = ds.snapshot()
     return DatasetView(ds, snap, np.arange(snap.num_episodes))
+
+
+class _Stacked:
+    """A concat's query views: its sources' ``episodes`` (and ``steps``, when the SQL names them) stacked.
+
+    Each source's rows lead with its index as ``source``. The sources are
+    pinned views, so a query over them never re-plans on a newer version.
+    """
+
+    def __init__(self, view: ConcatView, sql: str) -> None:
+        self.view = view
+        self.names = ("episodes", "steps") if isinstance(sql, str) and _NAMES_STEPS.search(sql) else ("episodes",)
+
+    def cursor(self, sandbox: bool) -> duckdb.DuckDBPyConnection:
+        cur = database(sandbox=sandbox).cursor()
+        for name in self.names:
+            parts = []
+            for s, tbl in enumerate(self.view._source_tables(name)):
+                cur.register(f"{name}_{s}", tbl)
+                parts.append(f"SELECT * FROM {name}_{s}")
+            cur.execute(f"CREATE OR REPLACE TEMP VIEW {name} AS " + " UNION ALL BY NAME ".join(parts))
+        return cur
+
+    def failure(self, exc: duckdb.Error, what: str) -> EpisodeLakeError:
+        return QueryError(f"{what}: {exc}")  # the stacked tables are in memory: a failure is the query's
+
+    def answer(self, body: Callable[[Views], T]) -> T:
+        return body(self)
 
 
 def _source_seed(seed: int, s: int) -> int:
@@ -468,7 +551,7 @@ class ConcatStream:
         return f"ConcatStream({len(self._feeds)} sources, probs={self.probs.round(4).tolist()})"
 
 
-def concat(datasets: Sequence[EpisodeCollection], weights: Sequence[float] | None = None) -> ConcatView:
+def concat(datasets: Sequence[Dataset | DatasetView], weights: Sequence[float] | None = None) -> ConcatView:
     """One read-only view over datasets/views with the same schema (see :mod:`concat`).
 
     ``weights``: one non-negative weight per source; sampling draws each item

@@ -74,9 +74,9 @@ def run_demo(
     stats = good.stats()
     print(f"  observation mean {np.round(stats['observation']['mean'], 3)}")
 
-    stream = good.segment_stream(sequence_length=16, batch_size=32, seed=seed)
+    stream = good.segment_stream(16, batch_size=32, seed=seed)
     batch = stream.sample()
-    print("\nsegment_stream(sequence_length=16, batch_size=32).sample():")
+    print("\nsegment_stream(16, batch_size=32).sample():")
     print(f"  obs {batch.obs.shape}, next_obs {batch.next_obs.shape}")
     print(f"  action {batch.action.shape}, mask {batch.mask.shape}")
     same = np.array_equal(batch.obs[:, 1:], batch.next_obs[:, :-1])

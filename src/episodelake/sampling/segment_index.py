@@ -52,6 +52,14 @@ def check_seed(seed: object) -> int | None:
     return None if seed is None else int(seed)
 
 
+def check_shard(rank: object, world: object) -> tuple[int, int]:
+    """``(rank, world)`` as ints, or ArgumentError naming the bad one."""
+    w = check_positive(world, "shard world")
+    if isinstance(rank, bool) or not isinstance(rank, int | np.integer) or not 0 <= rank < w:
+        raise ArgumentError(f"shard rank must be an int in [0, {w}), got {rank!r}")
+    return int(rank), w
+
+
 class SegmentIndex:
     """Valid segments of episodes with the given lengths (see module docstring).
 
@@ -76,11 +84,7 @@ class SegmentIndex:
         self.sequence_length = check_positive(sequence_length, "sequence_length")
         self.stride = check_positive(stride, "stride")
         self.pad = check_pad(pad)
-        rank, world = (0, 1) if shard is None else tuple(shard)
-        world = check_positive(world, "shard world_size")
-        if isinstance(rank, bool) or not isinstance(rank, int | np.integer) or not 0 <= rank < world:
-            raise ArgumentError(f"shard rank must be an int in [0, {world}), got {rank!r}")
-        self.rank, self.world = int(rank), world
+        self.rank, self.world = (0, 1) if shard is None else check_shard(*shard)
         self.reset(np.asarray(positions, dtype=np.int64), np.asarray(lengths, dtype=np.int64))
 
     def reset(self, positions: np.ndarray, lengths: np.ndarray) -> None:

@@ -34,8 +34,11 @@ from ..core.segments import Segment
 from ..read.batching import reader_for
 from ..read.snapshot import Snapshot
 from .batch import SegmentBatch
+from .options import Strategy, kind_of, sampler_of
 from .segment_index import check_positive, check_seed
 
+# the stream's mode for each kind of sampler= it takes
+MODES = {"uniform": "random", "passes": "permutation", "sequential": "ordered"}
 Source = tuple[Snapshot, np.ndarray]  # a snapshot and positions of its episodes, in episode order
 STATE_FORMAT = 1
 
@@ -171,11 +174,12 @@ def check_probs(probs: Any, sizes: Sequence[int]) -> np.ndarray:
 class TrajectoryStream:
     """Batches of whole episodes padded to the longest (:class:`TrajectoryBatch`); see module docstring.
 
-    ``shuffle=True, replacement=True`` (default): infinite, with replacement.
-    ``replacement=False``: one pass over every episode in a permutation seeded
-    by ``(seed, epoch)``; ``shuffle=False``: one pass in order. A finite
-    stream raises StopIteration at the end of a pass; iterating it again runs
-    the next pass. ``drop_last`` drops a pass's short last batch.
+    ``sampler``: ``el.Uniform()`` (None, the default): infinite, with
+    replacement. ``el.Uniform(replacement=False)``: one pass over every episode
+    in a permutation seeded by ``(seed, epoch)``; ``el.Sequential()``: one pass
+    in order. A finite stream raises StopIteration at the end of a pass;
+    iterating it again runs the next pass. ``drop_last`` drops a pass's short
+    last batch.
     """
 
     def __init__(
@@ -186,8 +190,7 @@ class TrajectoryStream:
         *,
         probs: Any = None,
         seed: int | None = None,
-        shuffle: bool = True,
-        replacement: bool = True,
+        sampler: Strategy | None = None,
         drop_last: bool = False,
         pad_value: Any = 0,
     ) -> None:
@@ -197,7 +200,7 @@ class TrajectoryStream:
         self.pad_value = check_pad_value(schema, pad_value)
         sizes = [len(p) for _, p in self.sources]
         self.probs = check_probs(probs, sizes)
-        self.mode = "ordered" if not shuffle else "random" if replacement else "permutation"
+        self.mode = MODES[kind_of(sampler_of(sampler, "trajectories", tuple(MODES)))]
         if self.mode != "random" and probs is not None:
             raise ArgumentError("weights apply to sampling with replacement; a pass visits every episode once")
         seed = check_seed(seed)
