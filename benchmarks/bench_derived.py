@@ -5,7 +5,7 @@ observations, 2-float actions, all in the episode table). Measured in the
 same run, on the same data:
 
 * ``update all``: discounted returns of every step written with
-  ``ds.update`` (one merge into the derived side table + one metadata commit);
+  ``ds.columns.update`` (one merge into the derived side table + one metadata commit);
 * ``update again``: the same, over existing values (an upsert);
 * ``update 1%``: the returns of 1% of the episodes;
 * ``rewrite table``: what adding the column to the episode table itself would
@@ -81,11 +81,11 @@ def main() -> None:
         steps = int(ds.num_steps)
         rewards = ds.to_numpy()["reward"]
         returns = discounted(rewards.astype(np.float64), np.full(n, T)).astype(np.float32)
-        t_all = timed(lambda: ds.update({"extra/returns": returns}))
-        t_again = timed(lambda: ds.update({"extra/returns": returns + 1}))
+        t_all = timed(lambda: ds.columns.update({"extra/returns": returns}))
+        t_again = timed(lambda: ds.columns.update({"extra/returns": returns + 1}))
         some = ds.episode_ids[: max(1, n // 100)]
-        t_some = timed(lambda: ds.update({"extra/returns": [returns[:T]] * len(some)}, some))
-        check = ds.sql_numpy('SELECT sum("extra/returns") AS s FROM steps')["s"][0]
+        t_some = timed(lambda: ds.columns.update({"extra/returns": [returns[:T]] * len(some)}, some))
+        check = ds.sql('SELECT sum("extra/returns") AS s FROM steps').fetchnumpy()["s"][0]
         table = DeltaTable(f"{root}/ds/episodes")
 
         def rewrite() -> None:

@@ -78,7 +78,7 @@ def main() -> None:
         print(f"  append + evict:    {np.median(t_ring):7.2f}   p90 {np.percentile(t_ring, 90):7.2f}")
         print(f"  ratio evict/plain: {np.median(t_ring) / np.median(t_plain):7.2f}")
         t0 = time.perf_counter()
-        report = ring.vacuum(retention_hours=0, break_old_versions=True)
+        report = ring.maintenance.vacuum(retention_hours=0, break_old_versions=True)
         t_vac = time.perf_counter() - t0
         print(
             f"vacuum after {args.commits} evicting commits: {t_vac * 1e3:.1f} ms "

@@ -102,7 +102,7 @@ def build(path: str, episodes: int, seed: int = 0) -> el.Dataset:
             cols[stat_column(f, "max")] = _lists(mean + 3)
         write_deltalake(ds._store.table.dt, pa.table(cols).select(target.names).cast(target), mode="append")
         ds._store.table.refresh()
-    ds.compact()
+    ds.maintenance.compact()
     return ds
 
 

@@ -75,9 +75,9 @@ def main() -> None:
         rows = [
             ("read every episode", plain),
             ("read every episode, verify=True", timed(lambda: read_all(path, True))),
-            ("validate()", timed(lambda: ds.validate().raise_if_failed())),
-            ("validate(tensors=False)", timed(lambda: ds.validate(tensors=False).raise_if_failed())),
-            ("vacuum(dry_run=True)", timed(lambda: ds.vacuum(dry_run=True, retention_hours=0))),
+            ("validate()", timed(lambda: ds.maintenance.validate().raise_if_failed())),
+            ("validate(tensors=False)", timed(lambda: ds.maintenance.validate(tensors=False).raise_if_failed())),
+            ("vacuum(dry_run=True)", timed(lambda: ds.maintenance.vacuum(dry_run=True, retention_hours=0))),
         ]
     print(f"{episodes} episodes x {length} steps, camera uint8 [3,64,64] ({mb:.0f} MB of tensors)")
     print(f"{'operation':34} {'seconds':>9} {'MB/s':>8} {'vs plain read':>14}")

@@ -134,7 +134,7 @@ def bench_log(root: Path, commits: int, per_commit: int) -> None:
     print(
         f"  commit (append + flush) median {statistics.median(t_commit):.1f} ms, p90 {np.percentile(t_commit, 90):.1f}"
     )
-    ds.compact()
+    ds.maintenance.compact()
     row("compact")
 
 
@@ -152,7 +152,7 @@ def paper_episodes(n: int, length: int, seed: int = 0):
 
 
 def segments_per_s(ds: el.Dataset, batches: int) -> float:
-    stream = ds.segment_stream(sequence_length=SEQ, batch_size=BATCH, seed=1)
+    stream = ds.segment_stream(SEQ, batch_size=BATCH, seed=1)
     next(stream)  # warm-up: snapshot, arrays opened
     t0 = time.perf_counter()
     for _ in range(batches):

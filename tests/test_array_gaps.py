@@ -27,7 +27,7 @@ import s3fs
 import episodelake as el
 from episodelake.ops import maintenance
 from episodelake.storage import table
-from episodelake.storage.tensors import split_ref
+from episodelake.storage.arrays import split_ref
 
 from .workers.common import assert_all_match, crash_schema, episode
 
@@ -143,7 +143,7 @@ def test_two_writers_leave_arrays_without_gaps(two_writers):
     assert len(ds) == 60
     stored = check_arrays(ds, fs)
     assert stored["observation/camera"] == int((ds.snapshot().lengths + 1).sum())  # stored == referenced
-    report = ds.vacuum(dry_run=True, retention_hours=0)
+    report = ds.maintenance.vacuum(dry_run=True, retention_hours=0)
     assert (report.unreferenced_rows, report.unreclaimed_rows, report.tensor_arrays, report.truncated) == (
         0,
         0,
@@ -151,7 +151,7 @@ def test_two_writers_leave_arrays_without_gaps(two_writers):
         [],
     )
     assert_all_match(ds, ground_truth(ds))
-    assert ds.validate().ok
+    assert ds.maintenance.validate().ok
 
 
 def test_vacuum_finds_and_removes_an_aborted_commit(two_writers, s3_server, monkeypatch):
@@ -168,18 +168,18 @@ def test_vacuum_finds_and_removes_an_aborted_commit(two_writers, s3_server, monk
     assert len(ds) == 70  # the first commit of the killed writer landed, the second did not
     lost = [episode(2, i) for i in range(10, 20)]
     lost_rows = sum(len(r.obs["camera"]) + len(r.obs["state"]) for r in lost)
-    young = ds.vacuum(retention_hours=0, break_old_versions=True)
+    young = ds.maintenance.vacuum(retention_hours=0, break_old_versions=True)
     assert young.unreferenced_rows == lost_rows and young.tensor_arrays == []  # under the floor: could be in flight
     for module in (table, maintenance):  # as if the floor (1 h) had passed: S3 objects cannot be aged
         monkeypatch.setattr(module, "UNREFERENCED_FLOOR_HOURS", 0.0)
-    dry = ds.vacuum(dry_run=True, retention_hours=0)
+    dry = ds.maintenance.vacuum(dry_run=True, retention_hours=0)
     assert dry.unreferenced_rows == lost_rows
     assert dry.unreclaimed_rows == 0  # a whole commit array goes
     assert sorted(p.rsplit("/", 3)[1] for p in dry.tensor_arrays) == ["2", "2"]  # commit 2, both fields
-    done = ds.vacuum(retention_hours=0, break_old_versions=True)
+    done = ds.maintenance.vacuum(retention_hours=0, break_old_versions=True)
     assert done.tensor_arrays == dry.tensor_arrays
     assert [f for p in done.tensor_arrays for f in fs.find(p) if f != p] == []  # a bare directory marker may stay
-    again = ds.vacuum(dry_run=True, retention_hours=0)
+    again = ds.maintenance.vacuum(dry_run=True, retention_hours=0)
     assert (again.unreferenced_rows, again.tensor_arrays) == (0, [])
     ds = el.Dataset.open(ds.location.url, storage_options=opts)
     check_arrays(ds, fs)
@@ -216,7 +216,7 @@ def test_datasets_written_by_0_1_0_still_read_and_accept_new_commits(old_release
     assert len(ds) == 40 and {split_ref(r)[0] for r in refs} == {0}  # 0.1.0's single arrays
     assert_all_match(ds, ground_truth(ds))
     # 0.1.0 skipped to a fresh shard per commit: those never-written rows are not leftovers
-    assert ds.vacuum(dry_run=True, retention_hours=0).unreferenced_rows == 0
+    assert ds.maintenance.vacuum(dry_run=True, retention_hours=0).unreferenced_rows == 0
     new = el.Dataset.open(s3_url, storage_options=opts)
     new.append_episodes(episode(3, i).as_dict(unwrap_action=True) for i in range(10))
     new.flush()
@@ -224,7 +224,7 @@ def test_datasets_written_by_0_1_0_still_read_and_accept_new_commits(old_release
     assert len(ds) == 50
     assert {split_ref(r)[0] for r in ds.snapshot().index["ref/observation/camera"]} == {0, 1}
     assert_all_match(ds, ground_truth(ds))
-    batch = ds.segment_stream(sequence_length=3, batch_size=64, seed=0, prefetch=0).sample()
+    batch = ds.segment_stream(3, batch_size=64, seed=0, prefetch=0).sample()
     assert batch.mask.any()
-    assert ds.validate().ok
-    assert ds.vacuum(dry_run=True, retention_hours=0).unreferenced_rows == 0
+    assert ds.maintenance.validate().ok
+    assert ds.maintenance.vacuum(dry_run=True, retention_hours=0).unreferenced_rows == 0

@@ -97,10 +97,10 @@ def assert_stored(ds: el.Dataset, cols: dict, lengths: np.ndarray) -> None:
     cam = cols["observations"]["camera"].astype(np.float64)
     np.testing.assert_array_equal(stats["observation/camera"]["max"], cam.max(axis=(0, 2, 3)))
     np.testing.assert_allclose(stats["observation/camera"]["sum"], cam.sum(axis=(0, 2, 3)), rtol=0)
-    returns = ds.sql_numpy("SELECT return FROM episodes ORDER BY created_at, episode_id")["return"]
+    returns = ds.sql("SELECT return FROM episodes ORDER BY created_at, episode_id").fetchnumpy()["return"]
     want = np.add.reduceat(cols["rewards"].astype(np.float64), np.concatenate([[0], np.cumsum(lengths)[:-1]]))
     np.testing.assert_allclose(returns, want, rtol=1e-9)
-    assert ds.validate().ok
+    assert ds.maintenance.validate().ok
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -61,7 +61,7 @@ def test_live_episodes_follow_the_fifo_model(where, tmp_path, lengths, commits, 
     assert live_numbers(ds) == states[-1]
     for ref in ds.episodes():
         check_episode(ref)
-    assert ds.validate().ok
+    assert ds.maintenance.validate().ok
 
 
 @pytest.mark.parametrize("where", ["disk", "s3"])
@@ -83,11 +83,11 @@ def test_every_version_equals_the_model_after_its_commit(where, tmp_path, reques
         assert old.num_steps <= 25
     for ref in ds.episodes():
         check_episode(ref)
-    assert ds.validate().ok
-    report = ds.vacuum(retention_hours=0, break_old_versions=True)
+    assert ds.maintenance.validate().ok
+    report = ds.maintenance.vacuum(retention_hours=0, break_old_versions=True)
     assert report.tensor_arrays  # arrays whose episodes were all evicted went
     assert live_numbers(el.Dataset.open(path, storage_options=options)) == states[-1]
-    assert el.Dataset.open(path, storage_options=options).validate().ok
+    assert el.Dataset.open(path, storage_options=options).maintenance.validate().ok
 
 
 def test_capacity_persists_and_a_writer_process_enforces_it(tmp_path):
@@ -101,7 +101,7 @@ def test_capacity_persists_and_a_writer_process_enforces_it(tmp_path):
     assert out.returncode == 0, out.stderr
     model.commit([(n, 3) for n in range(4, 14)])
     assert live_numbers(ds.refresh()) == model.numbers == list(range(8, 14))
-    assert ds.validate().ok
+    assert ds.maintenance.validate().ok
 
 
 def run_worker(*args: str, **kw) -> subprocess.CompletedProcess:
@@ -137,7 +137,7 @@ def test_reader_process_keeps_its_snapshot_while_a_writer_process_evicts_it(tmp_
     for n in range(5, 35):
         model.commit([(n, episode(n)["rewards"].shape[0])])
     assert live_numbers(latest) == model.numbers
-    assert latest.validate().ok
+    assert latest.maintenance.validate().ok
 
 
 def tensor_files(root: Path) -> dict[str, int]:
@@ -177,7 +177,7 @@ def test_vacuum_keeps_tensor_bytes_bounded_without_rewriting_live_arrays(tmp_pat
         assert tensor_bytes(path) <= bound
     assert written > 3 * bound  # without eviction and vacuum the bound would be exceeded
     before = tensor_files(path)
-    report = ds.vacuum(retention_hours=0, break_old_versions=True)
+    report = ds.maintenance.vacuum(retention_hours=0, break_old_versions=True)
     after = tensor_files(path)
     assert set(after) <= set(before) and all(after[p] == before[p] for p in after)  # nothing live rewritten
     assert tensor_bytes(path) <= live_rows * STEP_BYTES + arrays * metadata
@@ -185,7 +185,7 @@ def test_vacuum_keeps_tensor_bytes_bounded_without_rewriting_live_arrays(tmp_pat
     assert live_numbers(ds) == model.numbers
     for ref in ds.episodes():
         check_episode(ref)
-    assert ds.validate().ok
+    assert ds.maintenance.validate().ok
 
 
 def length_of_n(n: int) -> int:
@@ -197,7 +197,7 @@ def test_episodes_that_never_fit_are_never_added(tmp_path):
     model = Fifo(steps=5)
     fill(ds, model, [3, 9, 2, 2], [4])  # 9 steps never fit; 0 (3) is evicted by 2 and 3
     assert live_numbers(ds) == model.numbers == [2, 3]
-    assert ds.validate().ok
+    assert ds.maintenance.validate().ok
 
 
 @pytest.mark.parametrize(
@@ -222,4 +222,5 @@ def test_bad_capacity_is_rejected_before_anything_is_created(tmp_path, capacity,
 def test_capacity_object_and_int_forms_agree(tmp_path):
     a = el.Dataset.create(schema(), str(tmp_path / "a"), capacity=el.Capacity(steps=12))
     b = el.Dataset.create(schema(), str(tmp_path / "b"), capacity=12)
-    assert a.descriptor["capacity"] == b.descriptor["capacity"] == el.Capacity(steps=12).to_json()
+    want = el.Capacity(steps=12).to_json()
+    assert a.maintenance.descriptor["capacity"] == b.maintenance.descriptor["capacity"] == want

@@ -21,8 +21,9 @@ from hypothesis import strategies as st
 
 import episodelake as el
 from episodelake.core import codecs
+from episodelake.storage.arrays import array_parts, tensors_size, zarr_metadata
 from episodelake.storage.location import resolve
-from episodelake.storage.tensors import PlainArray, array_parts, tensors_size, zarr_metadata
+from episodelake.storage.planned import PlainArray
 
 
 def smooth_frames(rng: np.random.Generator, n: int, h: int, w: int, c: int = 3) -> np.ndarray:
@@ -229,7 +230,7 @@ def test_lossless_datasets_round_trip_exactly(tmp_path_factory, compression, dty
     ds = write(str(tmp_path_factory.mktemp("lossless") / "ds"), schema, eps, commits=min(2, len(eps)))
     for i, e in enumerate(eps):
         np.testing.assert_array_equal(ds.episode(i).read().all_obs, e["observations"])
-    assert ds.validate().problems == []
+    assert ds.maintenance.validate().problems == []
 
 
 def test_compressed_fields_get_small_chunks():
@@ -286,9 +287,9 @@ def test_lossy_dataset_reads_stats_and_checksums_describe_decoded_frames(tmp_pat
     assert not np.array_equal(stats["mean"], np.concatenate(raw).reshape(-1, 3).mean(axis=0))
     crcs = ds.snapshot().index["crc/observation/camera"]
     assert [zlib.crc32(np.ascontiguousarray(g).data) for g in got] == [int(c) for c in crcs]
-    assert ds.validate().problems == []
+    assert ds.maintenance.validate().problems == []
     # sampled batches hold the same decoded frames
-    batch = next(iter(ds.segment_stream(sequence_length=4, batch_size=8, seed=3)))
+    batch = next(iter(ds.segment_stream(4, batch_size=8, seed=3)))
     by_id = dict(zip(ds.episode_ids.tolist(), got, strict=True))
     for b, (eid, start) in enumerate(zip(batch.episode_id.tolist(), batch.start.tolist(), strict=True)):
         np.testing.assert_array_equal(batch.all_obs[b], by_id[eid][start : start + 5])
@@ -339,13 +340,13 @@ def test_copy_to_reencodes_and_back(tmp_path):
         assert min(codecs.psnr(a, b) for a, b in zip(r, g, strict=True)) >= codecs.psnr_floor("jpeg", 80)
     stats = jpeg.stats(["observation/camera"])["observation/camera"]
     np.testing.assert_array_equal(stats["max"], np.concatenate(got).max(axis=(0, 1, 2)))
-    assert jpeg.validate().problems == []
+    assert jpeg.maintenance.validate().problems == []
     assert tensors_size(jpeg.location) * 2 < tensors_size(src.location)
     back = jpeg.copy_to(str(tmp_path / "back"), codecs={"observation/camera": None}, compression="zstd")
     assert back.schema["observation/camera"].codec is None
     for a, b in zip(got, frames_of(back), strict=True):
         np.testing.assert_array_equal(a, b)  # lossless copy of the decoded frames
-    assert back.validate().problems == []
+    assert back.maintenance.validate().problems == []
 
 
 @pytest.mark.parametrize(
@@ -418,7 +419,7 @@ def test_dataloader_workers_read_every_codec(every_codec, context):
 
     torch.set_num_threads(1)
     ds, raw = every_codec
-    segs = ds.segments(5, stride=3)
+    segs = ds.segments(el.Window(5, stride=3))
     want = multiset([segs.__getitems__(list(range(len(segs))))])  # the parent reads (TensorStore) before forking
     loader = DataLoader(segs, batch_size=7, num_workers=2, collate_fn=segs.collate, multiprocessing_context=context)
     batches = list(loader)
@@ -461,7 +462,7 @@ def test_lossy_dataset_on_s3(s3_server, s3_url, codec, quality):
     again = el.Dataset.open(s3_url, storage_options=s3_server.storage_options)
     for r, g in zip(raw, frames_of(again), strict=True):
         assert min(codecs.psnr(a, b) for a, b in zip(r, g, strict=True)) >= codecs.psnr_floor(codec, quality)
-    assert again.validate().problems == []
+    assert again.maintenance.validate().problems == []
 
 
 # ---------------------------------------------------------------- decoded-chunk cache
@@ -516,13 +517,13 @@ def test_vacuum_counts_a_lost_commits_frames_and_never_cuts_the_array(tmp_path):
     orphan = store.open_array(writer, f, read_only=False)
     orphan.append_block(smooth_frames(np.random.default_rng(1), 7, 32, 32))[1].result()  # into a partly filled shard
     assert store.open_array(writer, f).rows == 23
-    report = el.Dataset.open(path).vacuum(retention_hours=1)
+    report = el.Dataset.open(path).maintenance.vacuum(retention_hours=1)
     assert report.unreferenced_rows == report.unreclaimed_rows == 7  # counted; vacuum never cuts a writer's array
     assert store.open_array(writer, f).rows == 23  # nothing was cut
     fresh = el.Dataset.open(path)
     for a, b in zip(before, frames_of(fresh), strict=True):
         np.testing.assert_array_equal(a, b)
-    assert fresh.validate().problems == []
+    assert fresh.maintenance.validate().problems == []
 
 
 # ---------------------------------------------------------------- real rendered frames

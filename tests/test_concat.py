@@ -73,30 +73,30 @@ def test_sql_stacks_episodes_and_steps_with_a_source_column(two):
     demos, online, raws, _ = two
     cat = el.concat([demos, online.where("length > 1")])
     assert len(cat) == 4 + 5 and cat.num_steps == 28 + 28
-    rows = cat.sql_arrow(
+    rows = cat.sql(
         "SELECT source, count(*) AS n, sum(length) AS steps FROM episodes GROUP BY source ORDER BY source"
-    )
+    ).to_arrow_table()
     assert rows.to_pydict() == {"source": [0, 1], "n": [4, 5], "steps": [28, 28]}
-    got = cat.sql_numpy("SELECT source, sum(reward) AS r FROM steps GROUP BY source ORDER BY source")
+    got = cat.sql("SELECT source, sum(reward) AS r FROM steps GROUP BY source ORDER BY source").fetchnumpy()
     want = [sum(float(r.reward.astype(np.float64).sum()) for r in raws[0])]
     want.append(sum(float(r.reward.astype(np.float64).sum()) for r in raws[1] if r.length > 1))
     np.testing.assert_allclose(got["r"], want, rtol=1e-6)
-    tasks = cat.sql_numpy("SELECT task, count(*) AS n FROM episodes WHERE source = ? GROUP BY task", [0])
+    tasks = cat.sql("SELECT task, count(*) AS n FROM episodes WHERE source = ? GROUP BY task", [0]).fetchnumpy()
     assert tasks["task"].tolist() == ["pick"] and tasks["n"].tolist() == [4]
     with pytest.raises(el.QueryError, match=r"SQL error in 'SELECT nope FROM episodes'"):
-        cat.sql_arrow("SELECT nope FROM episodes")
+        cat.sql("SELECT nope FROM episodes").to_arrow_table()
 
 
 def test_a_concat_is_pinned_to_its_sources_snapshots(two):
     demos, online, _, _ = two
     cat = el.concat([demos, online])
-    before = cat.sql_numpy("SELECT count(*) AS n FROM episodes")["n"].tolist()
+    before = cat.sql("SELECT count(*) AS n FROM episodes").fetchnumpy()["n"].tolist()
     online.append_episodes(
         [{**random_episode(np.random.default_rng(9), 4).as_dict(unwrap_action=True)}]
     )  # fmt: skip
     online.flush()
     assert len(online) == 7 and len(cat) == 10
-    assert cat.sql_numpy("SELECT count(*) AS n FROM episodes")["n"].tolist() == before == [10]
+    assert cat.sql("SELECT count(*) AS n FROM episodes").fetchnumpy()["n"].tolist() == before == [10]
     assert len(el.concat([demos, online])) == 11
 
 
@@ -192,7 +192,7 @@ def test_sample_transitions_mix_by_weight_and_are_exact(two):
 def test_segment_stream_mixes_by_weight_and_resumes_exactly(two):
     demos, online, _, by_key = two
     cat = el.concat([demos, online], weights=[2, 1])
-    stream = cat.segment_stream(sequence_length=4, batch_size=16, seed=11, prefetch=0)
+    stream = cat.segment_stream(4, batch_size=16, seed=11, prefetch=0)
     sources = np.concatenate([stream.sample().source for _ in range(150)])
     assert chisquare(np.bincount(sources, minlength=2), np.array([2, 1]) / 3 * len(sources)).pvalue > 1e-4
     b = stream.sample()
@@ -206,7 +206,7 @@ def test_segment_stream_mixes_by_weight_and_resumes_exactly(two):
         np.testing.assert_array_equal(b.mask[i], want["mask"])
     state = stream.state_dict()
     expected = [stream.sample() for _ in range(4)]
-    resumed = cat.segment_stream(sequence_length=4, batch_size=16, seed=11)
+    resumed = cat.segment_stream(4, batch_size=16, seed=11)
     resumed.load_state_dict(state)
     for want_batch in expected:
         got = resumed.sample()
@@ -215,13 +215,13 @@ def test_segment_stream_mixes_by_weight_and_resumes_exactly(two):
         np.testing.assert_array_equal(got.all_obs.camera, want_batch.all_obs.camera)
     resumed.close()
     with pytest.raises(el.ArgumentError, match=r"source probabilities"):
-        el.concat([demos, online], weights=[1, 1]).segment_stream(sequence_length=4, seed=11).load_state_dict(state)
+        el.concat([demos, online], weights=[1, 1]).segment_stream(4, seed=11).load_state_dict(state)
 
 
 def test_segment_stream_without_weights_is_uniform_over_segments(two):
     demos, online, raws, _ = two
     n = [len(segment_starts([r.length for r in rs], 4)) for rs in raws]
-    stream = el.concat([demos, online]).segment_stream(sequence_length=4, batch_size=32, seed=0)
+    stream = el.concat([demos, online]).segment_stream(4, batch_size=32, seed=0)
     sources = np.concatenate([stream.sample().source for _ in range(100)])
     assert chisquare(np.bincount(sources, minlength=2), np.array(n) / sum(n) * len(sources)).pvalue > 1e-4
 
@@ -229,12 +229,15 @@ def test_segment_stream_without_weights_is_uniform_over_segments(two):
 def test_segment_stream_arguments(two):
     demos, online, _, by_key = two
     with pytest.raises(el.ArgumentError, match=r"per-episode weights= on a concat need source weights"):
-        el.concat([demos, online]).segment_stream(sequence_length=4, weights="length")
-    with pytest.raises(el.ArgumentError, match=r"give sequence_length, or context_length and target_length"):
-        el.concat([demos, online]).segment_stream(context_length=4)
+        el.concat([demos, online]).segment_stream(4, sampler=el.Weighted("length"))
+    with pytest.raises(el.ArgumentError, match=r"window: give both context and target"):
+        el.concat([demos, online]).segment_stream(el.Window(context=4))
     cat = el.concat([demos, online], weights=[1, 1])
     b = cat.segment_stream(
-        context_length=2, target_length=2, batch_size=64, seed=0, weights="CASE WHEN success THEN 1 ELSE 0 END"
+        el.Window(context=2, target=2),
+        batch_size=64,
+        seed=0,
+        sampler=el.Weighted("CASE WHEN success THEN 1 ELSE 0 END"),
     ).sample()
     assert all(by_key[(s, e)].meta["success"] for s, e in zip(b.source.tolist(), b.episode_id.tolist(), strict=True))
     assert b.context.obs.state.shape == (64, 2, 5) and b.target.action.shape == (64, 2)
@@ -242,7 +245,7 @@ def test_segment_stream_arguments(two):
 
 def test_trajectories_over_a_concat(two):
     demos, online, _, by_key = two
-    ordered = el.concat([demos, online]).trajectories(4, shuffle=False)
+    ordered = el.concat([demos, online]).trajectories(4, sampler=el.Sequential())
     batches = list(ordered)
     assert [s for b in batches for s in b.source.tolist()] == [0] * 4 + [1] * 6
     for b in batches:
@@ -257,17 +260,15 @@ def test_trajectories_over_a_concat(two):
     sources = np.concatenate([mixed.sample().source for _ in range(20)])
     assert chisquare(np.bincount(sources, minlength=2), [1500, 500]).pvalue > 1e-4
     with pytest.raises(el.ArgumentError, match=r"weights apply to sampling with replacement"):
-        el.concat([demos, online], weights=[3, 1]).trajectories(4, shuffle=False)
+        el.concat([demos, online], weights=[3, 1]).trajectories(4, sampler=el.Sequential())
 
 
 def test_concat_of_object_storage_and_local_disk(s3_server, s3_url, tmp_path):
     remote, remote_raws = build([5, 3, 7], s3_url, seed=4, storage_options=s3_server.storage_options)
     local, local_raws = build([2, 6], str(tmp_path / "local"), seed=5)
     cat = el.concat([remote, local], weights=[1, 1])
-    assert cat.sql_numpy("SELECT source, count(*) AS n FROM steps GROUP BY source ORDER BY source")["n"].tolist() == [
-        15,
-        8,
-    ]
+    counts = cat.sql("SELECT source, count(*) AS n FROM steps GROUP BY source ORDER BY source").fetchnumpy()
+    assert counts["n"].tolist() == [15, 8]
     flat = cat.to_numpy()
     np.testing.assert_array_equal(
         flat["observation/camera"], np.concatenate([r.obs["camera"] for r in remote_raws + local_raws])

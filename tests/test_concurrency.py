@@ -96,7 +96,7 @@ def run_concurrent(path: str, writers: int, episodes: int, per_commit: int, chec
         assert Counter(seen) == Counter((s, i) for s in range(writers) for i in range(episodes))
         assert len(set(ds.episode_ids.tolist())) == writers * episodes
     check_snapshot(early)
-    el.Dataset.open(path).validate().raise_if_failed()
+    el.Dataset.open(path).maintenance.validate().raise_if_failed()
     return {"writers": writers, "episodes": writers * episodes, "commits": len(early.history()) - 1, "reads": reads}
 
 
@@ -120,8 +120,8 @@ def test_compaction_from_a_stale_handle_duplicates_nothing(tmp_path):
     path = str(tmp_path / "ds")
     ds = one_commit_per_episode(path, 5)
     stale = el.Dataset.open(path)
-    ds.compact()
-    stale.compact()
+    ds.maintenance.compact()
+    stale.maintenance.compact()
     for handle in (stale, el.Dataset.open(path)):
         assert origins(handle) == [(0, i) for i in range(5)]
     assert not os.path.exists(os.path.join(path, "episodes", "_episodelake_compact.lock"))

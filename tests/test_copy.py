@@ -37,7 +37,7 @@ def test_copy_with_new_chunking_and_compression(robot_dataset, raw_episodes, tmp
     for meta in camera_metadata(copy):
         assert meta["chunk_grid"]["configuration"]["chunk_shape"][0] == 5
         assert [c["name"] for c in meta["codecs"]] == ["bytes", "zstd"]
-    assert copy.descriptor["partition_by"] == ["task"]
+    assert copy.maintenance.descriptor["partition_by"] == ["task"]
 
 
 def test_copy_of_a_view_keeps_ids_and_only_those_episodes(robot_dataset, raw_episodes, tmp_path):

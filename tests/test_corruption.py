@@ -28,7 +28,7 @@ def damaged(tmp_path):
     """A fresh dataset of 6 episodes (3 commits) + its reference episodes."""
     path = str(tmp_path / "ds")
     raws = build_robot_dataset(path, seed=7, episodes=6, per_commit=2, max_length=30)
-    assert el.Dataset.open(path).validate().ok
+    assert el.Dataset.open(path).maintenance.validate().ok
     return path, raws
 
 
@@ -47,7 +47,7 @@ def assert_same(segs: list[el.Segment], raws) -> None:
 
 
 def problems(path: str) -> list[el.maintenance.Problem]:
-    return el.Dataset.open(path).validate().problems
+    return el.Dataset.open(path).maintenance.validate().problems
 
 
 def flip(path: str, offset: int, bit: int = 0) -> None:
@@ -91,7 +91,7 @@ def owner_of_chunk(path: str, chunk: str) -> set[int]:
 
 def test_healthy_dataset_validates(damaged):
     path, raws = damaged
-    report = el.Dataset.open(path).validate()
+    report = el.Dataset.open(path).maintenance.validate()
     assert report.ok and report.episodes == 6 and report.steps == sum(r.length for r in raws)
     assert report.tensor_rows == sum(r.length + 1 for r in raws)
     assert report.table_files == len(data_files(path)) and report.log_entries == 4

@@ -135,7 +135,7 @@ def run_trials(path: str, trials: int, seed: int) -> Counter:
             committed |= {(t, i) for i in done}
             ds = check_dataset(path, committed, attempted, checked)
             if t % 40 == 39:  # short-lived writers never reach the automatic compaction interval
-                ds.compact()
+                ds.maintenance.compact()
             figures["trials"] += 1
             figures["episodes_attempted"] += n
             figures["episodes_reported_committed"] += len(done)
@@ -177,10 +177,10 @@ def finish_and_vacuum(path: str) -> None:
     removed_by_log = orphans & logged_parquet(path)
     leftovers = orphans - removed_by_log
     writers = set(ds.snapshot().index["writer"].tolist())
-    kept = ds.vacuum(dry_run=True, retention_hours=0)  # leftovers younger than the floor stay
+    kept = ds.maintenance.vacuum(dry_run=True, retention_hours=0)  # leftovers younger than the floor stay
     assert {os.path.normpath(f) for f in kept.table_files} == removed_by_log and kept.tensor_arrays == []
     age_files(path, hours=2)
-    report = ds.vacuum(retention_hours=1)  # the log's removals are minutes old: kept for time travel
+    report = ds.maintenance.vacuum(retention_hours=1)  # the log's removals are minutes old: kept for time travel
     assert leftovers, "the parquet crashes left no uncommitted data file"
     assert {os.path.normpath(f) for f in report.table_files} == leftovers
     assert not any(os.path.exists(f) for f in leftovers)
@@ -191,8 +191,8 @@ def finish_and_vacuum(path: str) -> None:
     ds = el.Dataset.open(path)
     assert origins(ds) == [*before, (10_000, 0)]
     assert_all_match(ds, [episode(*o) for o in origins(ds)])
-    ds.validate().raise_if_failed()
-    again = ds.vacuum(dry_run=True, retention_hours=0)
+    ds.maintenance.validate().raise_if_failed()
+    again = ds.maintenance.vacuum(dry_run=True, retention_hours=0)
     assert {os.path.normpath(f) for f in again.table_files} == removed_by_log
     assert (again.tensor_arrays, again.truncated) == ([], [])
 

@@ -116,7 +116,7 @@ def test_omitted_fields_store_their_defaults_step_by_step(tmp_path):
     np.testing.assert_array_equal(got["reward"], np.array([1.0, 0.5, 2.0, 0.5], np.float32))
     np.testing.assert_array_equal(got["extra/value"], [-1.0, -1.0, 4.0, -1.0])
     np.testing.assert_array_equal(got["action"], [[1, 2], [3, 4], [5, 6], [7, 8]])
-    assert reopened.validate().ok
+    assert reopened.maintenance.validate().ok
 
 
 def test_vector_writer_applies_defaults():

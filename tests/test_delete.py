@@ -55,15 +55,15 @@ def test_delete_by_ids_and_by_predicate_one_commit_each(where, tmp_path, request
     assert ds.delete(where="n > 100") == 0 and ds.version == v0 + 2  # nothing matched: no commit
     for ref in ds.episodes():
         check_episode(ref)
-    assert ds.validate().ok
+    assert ds.maintenance.validate().ok
     if path is not None:
         reopened = el.Dataset.open(path, storage_options=options)
         assert live_numbers(reopened) == want
-        assert reopened.validate().ok
+        assert reopened.maintenance.validate().ok
         assert live_numbers(el.Dataset.open(path, version=v0, storage_options=options)) == list(range(12))
-    assert ds.clear() == 6 and len(ds) == 0 and ds.version == v0 + 3
-    assert ds.clear() == 0 and ds.version == v0 + 3
-    assert ds.validate().ok
+    assert ds.delete(all=True) == 6 and len(ds) == 0 and ds.version == v0 + 3
+    assert ds.delete(all=True) == 0 and ds.version == v0 + 3
+    assert ds.maintenance.validate().ok
     ds.append_episodes([episode(50)])  # a cleared dataset takes new episodes
     assert live_numbers(ds) == [50]
 
@@ -73,7 +73,7 @@ def test_old_snapshots_and_time_travel_read_deleted_episodes_until_vacuum(tmp_pa
     ds = make(path)
     before = ds.version
     view = ds.where("n < 6")  # pinned to this version's snapshot
-    stream = ds.segment_stream(sequence_length=2, batch_size=4, seed=0, prefetch=0)
+    stream = ds.segment_stream(2, batch_size=4, seed=0, prefetch=0)
     ds.delete(where="n < 6")
     assert live_numbers(ds) == list(range(6, 12))
     assert live_numbers(view) == list(range(6))
@@ -85,18 +85,18 @@ def test_old_snapshots_and_time_travel_read_deleted_episodes_until_vacuum(tmp_pa
     assert live_numbers(old) == list(range(12))
     for ref in old.episodes():
         check_episode(ref)
-    assert old.validate().ok
-    ds.vacuum()  # default retention (7 days): nothing of the old version goes
+    assert old.maintenance.validate().ok
+    ds.maintenance.vacuum()  # default retention (7 days): nothing of the old version goes
     assert live_numbers(el.Dataset.open(path, version=before)) == list(range(12))
     with pytest.raises(el.ArgumentError, match="break_old_versions"):
-        ds.vacuum(retention_hours=0)  # it would break the old version: refused without the override
+        ds.maintenance.vacuum(retention_hours=0)  # it would break the old version: refused without the override
     assert live_numbers(el.Dataset.open(path, version=before)) == list(range(12))
-    report = ds.vacuum(retention_hours=0, break_old_versions=True)
+    report = ds.maintenance.vacuum(retention_hours=0, break_old_versions=True)
     assert report.table_files  # the files only the old versions referenced
     with pytest.raises(el.CorruptionError):
         live_numbers(el.Dataset.open(path, version=before))
     assert live_numbers(el.Dataset.open(path)) == list(range(6, 12))
-    assert ds.validate().ok
+    assert ds.maintenance.validate().ok
 
 
 def test_a_reader_process_on_an_older_snapshot_keeps_reading(tmp_path):
@@ -114,7 +114,7 @@ def test_a_reader_process_on_an_older_snapshot_keeps_reading(tmp_path):
     )
     ready = reader.stdout.readline().split()
     assert ready == ["ready", *map(str, range(12))]
-    assert ds.clear() == 12
+    assert ds.delete(all=True) == 12
     out, err = reader.communicate("go\n", timeout=300)
     assert reader.returncode == 0, err
     assert out.strip() == "ok"
@@ -130,7 +130,7 @@ def test_capacity_dataset_delete_then_evict(tmp_path):
     ds.append_episodes(episode(n) for n in range(5, 8))
     ds.flush()
     assert live_numbers(ds) == [3, 4, 5, 6, 7]
-    assert ds.validate().ok
+    assert ds.maintenance.validate().ok
 
 
 def test_delete_through_deltalake_directly_still_validates(tmp_path):
@@ -141,7 +141,7 @@ def test_delete_through_deltalake_directly_still_validates(tmp_path):
     assert n == 3
     ds.refresh()
     assert live_numbers(ds) == list(range(3, 12))
-    report = ds.validate()
+    report = ds.maintenance.validate()
     assert report.ok, report.problems
     for ref in ds.episodes():
         check_episode(ref)
@@ -159,7 +159,7 @@ def test_cli_delete(tmp_path, capsys):
     assert main(["delete", path, "--all"]) == 0
     assert "deleted 8 episodes" in capsys.readouterr().out
     assert len(el.Dataset.open(path)) == 0
-    assert el.Dataset.open(path).validate().ok
+    assert el.Dataset.open(path).maintenance.validate().ok
 
 
 @pytest.mark.parametrize(
@@ -175,7 +175,7 @@ def test_cli_delete(tmp_path, capsys):
         (lambda ds: ds.delete([1], where="n = 1"), el.ArgumentError, r"exactly one of them"),
         (lambda ds: ds.delete([1], params=[1]), el.ArgumentError, r"params= fills placeholders of where="),
         (lambda ds: el.Dataset.open(ds.location.url, read_only=True).delete(where="1=1"), el.ReadOnlyError, "read-"),
-        (lambda ds: el.Dataset.open(ds.location.url, version=1).clear(), el.ReadOnlyError, r"read-only"),
+        (lambda ds: el.Dataset.open(ds.location.url, version=1).delete(all=True), el.ReadOnlyError, r"read-only"),
     ],
 )  # fmt: skip
 def test_bad_delete_changes_nothing(tmp_path, call, exc, pattern):
@@ -192,10 +192,10 @@ def test_vacuum_of_a_local_dataset_without_capacity_counts_deleted_rows(tmp_path
     """One array per writer and field, never cut (its writer may grow it): deleted rows are counted."""
     ds = make(str(tmp_path / "ds"), count=6, per_commit=6)
     ds.delete(ids_of(ds, [2, 5]))
-    report = ds.vacuum(retention_hours=0, break_old_versions=True)
+    report = ds.maintenance.vacuum(retention_hours=0, break_old_versions=True)
     rows = {n: length_of(n) + 1 for n in range(6)}  # camera rows: T + 1 per episode
     assert report.truncated == []
     assert report.unreclaimed_rows == rows[2] + rows[5]
     for ref in ds.episodes():
         check_episode(ref)
-    assert ds.validate().ok
+    assert ds.maintenance.validate().ok

@@ -1,4 +1,4 @@
-"""Derived columns: ``Dataset.add_column`` / ``Dataset.update`` (src/episodelake/derived.py).
+"""Derived columns: ``ds.columns.add`` / ``ds.columns.update`` (src/episodelake/derived.py).
 
 References are computed independently in NumPy from the episodes the test
 wrote (discounted returns, priorities, labels), never read back from the
@@ -75,7 +75,7 @@ def make(path: str | None, count: int = 8, derived: bool = True, **options) -> e
 
 def numbers(ds: el.Dataset) -> dict[int, int]:
     """episode id -> the episode number the test wrote."""
-    got = ds.sql_numpy("SELECT episode_id, n FROM episodes")
+    got = ds.sql("SELECT episode_id, n FROM episodes").fetchnumpy()
     return dict(zip(got["episode_id"].tolist(), got["n"].tolist(), strict=True))
 
 
@@ -90,7 +90,7 @@ def test_recomputed_columns_read_back_everywhere(where, tmp_path, request):
     ids = ds.episode_ids
     returns = {i: discounted(episode(by_id[i])["rewards"]) for i in ids.tolist()}
     base_version = ds.version
-    version = ds.update(
+    version = ds.columns.update(
         {
             "extra/returns": [returns[i] for i in ids.tolist()],
             "priority": [float(by_id[i]) / 10 for i in ids.tolist()],
@@ -100,10 +100,10 @@ def test_recomputed_columns_read_back_everywhere(where, tmp_path, request):
     assert version == ds.version > base_version
 
     # SQL: per-step column in `steps`, per-episode columns in `episodes`
-    got = ds.sql_numpy('SELECT episode_id, t, "extra/returns" AS r FROM steps ORDER BY episode_id, t')
+    got = ds.sql('SELECT episode_id, t, "extra/returns" AS r FROM steps ORDER BY episode_id, t').fetchnumpy()
     want = np.concatenate([returns[i] for i in sorted(returns)])
     np.testing.assert_array_equal(got["r"], want)
-    meta = ds.sql_numpy("SELECT episode_id, priority, instruction FROM episodes ORDER BY episode_id")
+    meta = ds.sql("SELECT episode_id, priority, instruction FROM episodes ORDER BY episode_id").fetchnumpy()
     assert meta["priority"].tolist() == [by_id[i] / 10 for i in sorted(by_id)]
     assert meta["instruction"].tolist() == [f"pick {by_id[i]}" for i in sorted(by_id)]
     assert len(ds.where("priority >= $p", {"p": 0.5})) == sum(n >= 5 for n in by_id.values())
@@ -116,7 +116,7 @@ def test_recomputed_columns_read_back_everywhere(where, tmp_path, request):
     np.testing.assert_array_equal(full["extra/returns"], np.concatenate([returns[i] for i in ids.tolist()]))
 
     # sampled segments and transitions read the column like any small per-step field
-    stream = ds.segment_stream(sequence_length=2, batch_size=16, seed=0, prefetch=0)
+    stream = ds.segment_stream(2, batch_size=16, seed=0, prefetch=0)
     batch = next(iter(stream))
     for b in range(16):
         eid, start = int(batch.episode_id[b]), int(batch.start[b])
@@ -139,14 +139,14 @@ def test_time_travel_sees_the_values_of_each_version(tmp_path):
     path = str(tmp_path / "ds")
     ds = make(path)
     before = ds.version
-    first = ds.update({"priority": [1.0] * len(ds)})
-    second = ds.update({"priority": [2.0] * len(ds)})
-    ds.update({"priority": [3.0] * 2}, ds.episode_ids[:2])
+    first = ds.columns.update({"priority": [1.0] * len(ds)})
+    second = ds.columns.update({"priority": [2.0] * len(ds)})
+    ds.columns.update({"priority": [3.0] * 2}, ds.episode_ids[:2])
     for version, want in [(before, [None] * 8), (first, [1.0] * 8), (second, [2.0] * 8)]:
         old = el.Dataset.open(path, version=version)
-        got = old.sql_numpy("SELECT priority FROM episodes ORDER BY episode_id")["priority"].tolist()
+        got = old.sql("SELECT priority FROM episodes ORDER BY episode_id").fetchnumpy()["priority"].tolist()
         assert [None if v != v else v for v in got] == want  # NULL reads as NaN in NumPy
-    latest = el.Dataset.open(path).sql_numpy("SELECT priority FROM episodes ORDER BY episode_id")["priority"]
+    latest = el.Dataset.open(path).sql("SELECT priority FROM episodes ORDER BY episode_id").fetchnumpy()["priority"]
     assert sorted(latest.tolist()) == [2.0] * 6 + [3.0] * 2
     with pytest.raises(ReadOnlyError):
         el.Dataset.open(path, version=first).update({"priority": [0.0] * 8})
@@ -158,14 +158,14 @@ def test_update_by_ids_where_and_all(tmp_path):
     ids = ds.episode_ids
     # by ids: values follow the order the ids are given in
     chosen = [int(ids[5]), int(ids[1])]
-    ds.update({"priority": [5.5, 1.5]}, chosen)
+    ds.columns.update({"priority": [5.5, 1.5]}, chosen)
     # by where with params: values follow episode order
     view = ds.where("n >= $lo", {"lo": 6})
-    ds.update({"instruction": ["late"] * len(view)}, where="n >= $lo", params={"lo": 6})
+    ds.columns.update({"instruction": ["late"] * len(view)}, where="n >= $lo", params={"lo": 6})
     # per-step by one array of all rows, episode order
     rows = np.concatenate([np.full((len(episode(by_id[i])["rewards"]), 2), by_id[i], np.float64) for i in ids.tolist()])
-    ds.update({"extra/advantage": rows})
-    got = ds.sql_numpy("SELECT episode_id, priority, instruction FROM episodes")
+    ds.columns.update({"extra/advantage": rows})
+    got = ds.sql("SELECT episode_id, priority, instruction FROM episodes").fetchnumpy()
     for eid, p, ins in zip(
         got["episode_id"].tolist(), got["priority"].tolist(), got["instruction"].tolist(), strict=True
     ):
@@ -179,7 +179,7 @@ def test_update_by_ids_where_and_all(tmp_path):
 
 def test_unset_rows_use_the_declared_default(tmp_path):
     ds = make(str(tmp_path / "ds"))
-    ds.update({"extra/advantage": [np.ones((len(episode(0)["rewards"]), 2))]}, [int(ds.episode_ids[0])])
+    ds.columns.update({"extra/advantage": [np.ones((len(episode(0)["rewards"]), 2))]}, [int(ds.episode_ids[0])])
     assert (ds.episode(0).read().extra["advantage"] == 1).all()
     assert (ds.episode(1).read().extra["advantage"] == -1).all()
     stats = ds.stats(["extra/advantage"])["extra/advantage"]
@@ -188,7 +188,7 @@ def test_unset_rows_use_the_declared_default(tmp_path):
 
 
 def _digest(ds: el.Dataset) -> tuple:
-    got = ds.sql_numpy('SELECT episode_id, priority, "extra/returns" AS r FROM episodes ORDER BY episode_id')
+    got = ds.sql('SELECT episode_id, priority, "extra/returns" AS r FROM episodes ORDER BY episode_id').fetchnumpy()
     return ds.version, got["priority"].tolist(), [np.asarray(r).tolist() for r in got["r"]]
 
 
@@ -196,27 +196,27 @@ def test_bad_input_names_the_field_and_episode_and_changes_nothing(tmp_path):
     ds = make(str(tmp_path / "ds"))
     ids = ds.episode_ids
     good = [discounted(episode(n)["rewards"]) for n in range(8)]
-    ds.update({"extra/returns": good, "priority": [0.0] * 8})
+    ds.columns.update({"extra/returns": good, "priority": [0.0] * 8})
     before = _digest(ds)
     bad_len = [*good[:3], good[3][:-1], *good[4:]]
     with pytest.raises(ValidationError, match=rf"episode {int(ids[3])}.*extra/returns.*shape"):
-        ds.update({"extra/returns": bad_len, "priority": [9.0] * 8})
+        ds.columns.update({"extra/returns": bad_len, "priority": [9.0] * 8})
     with pytest.raises(ValidationError, match=r"priority.*dtype"):
-        ds.update({"priority": ["high"] * 8})
+        ds.columns.update({"priority": ["high"] * 8})
     with pytest.raises(ValidationError, match=r"instruction.*must be str"):
-        ds.update({"instruction": [3] * 8})
+        ds.columns.update({"instruction": [3] * 8})
     with pytest.raises(ValidationError, match=r"priority.*7 values for 8 episodes"):
-        ds.update({"priority": [1.0] * 7})
+        ds.columns.update({"priority": [1.0] * 7})
     with pytest.raises(ArgumentError, match=r"not derived columns"):
-        ds.update({"reward": good})
+        ds.columns.update({"reward": good})
     with pytest.raises(ArgumentError, match=r"not in snapshot"):
-        ds.update({"priority": [1.0]}, [12345])
+        ds.columns.update({"priority": [1.0]}, [12345])
     with pytest.raises(ArgumentError, match=r"repeat"):
-        ds.update({"priority": [1.0, 2.0]}, [int(ids[0]), int(ids[0])])
+        ds.columns.update({"priority": [1.0, 2.0]}, [int(ids[0]), int(ids[0])])
     with pytest.raises(ArgumentError, match=r"not both"):
-        ds.update({"priority": [1.0]}, [int(ids[0])], where="n = 0")
+        ds.columns.update({"priority": [1.0]}, [int(ids[0])], where="n = 0")
     with pytest.raises(el.QueryError):
-        ds.update({"priority": [1.0]}, where="no_such_column = 1")
+        ds.columns.update({"priority": [1.0]}, where="no_such_column = 1")
     assert _digest(ds) == before
     assert _digest(el.Dataset.open(str(tmp_path / "ds"))) == before
 
@@ -225,24 +225,24 @@ def test_declarations_persist_and_clash(tmp_path):
     path = str(tmp_path / "ds")
     ds = make(path, derived=False)
     assert not ds.snapshot().derived.fields
-    version = ds.add_column(
+    version = ds.columns.add(
         FieldSpec("value", (), "float32", role="extra"), FieldSpec("label", (), "int32", role="meta")
     )
-    assert ds.add_column(FieldSpec("value", (), "float32", role="extra")) == version  # again: no change
+    assert ds.columns.add(FieldSpec("value", (), "float32", role="extra")) == version  # again: no change
     with pytest.raises(SchemaError, match="extra/value"):
-        ds.add_column(FieldSpec("value", (), "float64", role="extra"))
+        ds.columns.add(FieldSpec("value", (), "float64", role="extra"))
     with pytest.raises(SchemaError, match="reward"):
-        ds.add_column(FieldSpec("reward", (), "float32", role="reward"))
+        ds.columns.add(FieldSpec("reward", (), "float32", role="reward"))
     with pytest.raises(SchemaError, match="n"):
-        ds.add_column(FieldSpec("n", (), "int64", role="meta"))
+        ds.columns.add(FieldSpec("n", (), "int64", role="meta"))
     with pytest.raises(SchemaError, match="tensor"):
         FieldSpec("big", (4,), "float32", role="extra", derived=True, storage="tensor")
     assert ds.version == version
-    ds.update({"label": list(range(8))})
+    ds.columns.update({"label": list(range(8))})
     reopened = el.Dataset.open(path)
     keys = [f.key for f in reopened.snapshot().schema.derived_fields]
     assert keys == ["extra/value", "label"]
-    assert sorted(reopened.sql_numpy("SELECT label FROM episodes")["label"].tolist()) == list(range(8))
+    assert sorted(reopened.sql("SELECT label FROM episodes").fetchnumpy()["label"].tolist()) == list(range(8))
     # the writing schema never includes derived columns: new episodes need no values for them
     reopened.append_episodes([episode(100)])
     reopened.flush()
@@ -251,15 +251,15 @@ def test_declarations_persist_and_clash(tmp_path):
 
 def test_deleted_episodes_derived_rows_do_not_show(tmp_path):
     ds = make(str(tmp_path / "ds"))
-    ds.update({"priority": [1.0] * 8})
+    ds.columns.update({"priority": [1.0] * 8})
     gone = [int(i) for i in ds.episode_ids[:3]]
     ds.delete(gone)
-    got = ds.sql_numpy("SELECT count(*) AS c, count(priority) AS p FROM episodes")
+    got = ds.sql("SELECT count(*) AS c, count(priority) AS p FROM episodes").fetchnumpy()
     assert got["c"][0] == got["p"][0] == 5
     assert len(ds.where("priority = 1.0")) == 5
     assert ds.stats()["episodes"]["count"] == 5
-    ds.clear()
-    assert ds.sql_numpy("SELECT count(*) AS c FROM episodes")["c"][0] == 0
+    ds.delete(all=True)
+    assert ds.sql("SELECT count(*) AS c FROM episodes").fetchnumpy()["c"][0] == 0
     assert [f.key for f in ds.snapshot().derived.fields] == [
         "extra/returns",
         "extra/advantage",
@@ -276,9 +276,9 @@ for r in range(rounds):
     ds.refresh()
     ids = ds.episode_ids
     if column == "priority":
-        ds.update({"priority": [float(r)] * len(ids)})
+        ds.columns.update({"priority": [float(r)] * len(ids)})
     else:
-        ds.update({"instruction": [f"round {r}"] * len(ids)})
+        ds.columns.update({"instruction": [f"round {r}"] * len(ids)})
 print("ok")
 """
 
@@ -301,7 +301,7 @@ def test_two_processes_update_concurrently_and_nothing_is_lost(tmp_path):
     for p, (out, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err
         assert out.strip() == "ok"
-    got = el.Dataset.open(path).sql_numpy("SELECT priority, instruction FROM episodes")
+    got = el.Dataset.open(path).sql("SELECT priority, instruction FROM episodes").fetchnumpy()
     assert got["priority"].tolist() == [5.0] * 8  # both writers' last rounds are there
     assert got["instruction"].tolist() == ["round 5"] * 8
     side = el.Dataset.open(path)
@@ -312,15 +312,16 @@ def test_two_processes_update_concurrently_and_nothing_is_lost(tmp_path):
 def test_a_second_process_sees_an_update_after_refresh(tmp_path):
     path = str(tmp_path / "ds")
     reader = make(path)
-    assert np.isnan(reader.sql_numpy("SELECT priority FROM episodes")["priority"]).all()
+    assert np.isnan(reader.sql("SELECT priority FROM episodes").fetchnumpy()["priority"]).all()
     script = (
-        "import sys, episodelake as el; ds = el.Dataset.open(sys.argv[1]); ds.update({'priority': [7.0] * len(ds)})"
+        "import sys, episodelake as el; ds = el.Dataset.open(sys.argv[1]); "
+        "ds.columns.update({'priority': [7.0] * len(ds)})"
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     subprocess.run([sys.executable, "-c", script, path], env=env, check=True, timeout=600)
-    assert np.isnan(reader.sql_numpy("SELECT priority FROM episodes")["priority"]).all()  # pinned until refresh
+    assert np.isnan(reader.sql("SELECT priority FROM episodes").fetchnumpy()["priority"]).all()  # pinned until refresh
     reader.refresh()
-    assert reader.sql_numpy("SELECT priority FROM episodes")["priority"].tolist() == [7.0] * 8
+    assert reader.sql("SELECT priority FROM episodes").fetchnumpy()["priority"].tolist() == [7.0] * 8
     assert json.loads((tmp_path / "ds" / "episodelake.json").read_text())["schema"] == schema().base.to_json()
 
 
@@ -334,7 +335,7 @@ def test_per_step_values_round_trip(data):
         values.append(
             np.array(data.draw(st.lists(st.floats(-1e6, 1e6, width=32), min_size=length, max_size=length)), np.float32)
         )
-    ds.update({"extra/returns": values})
+    ds.columns.update({"extra/returns": values})
     for e, want in zip(ds.episodes(), values, strict=True):
         np.testing.assert_array_equal(e.read().extra["returns"], want)
 
@@ -355,21 +356,21 @@ def test_an_older_update_recorded_last_does_not_hide_a_newer_one(tmp_path):
     )
     derived.write(b, ids, {"priority": derived.encode(f, [2.0] * 8, lengths, ids)})  # merges and records the newer
     derived._record(a, derived.DerivedState(old, ()))  # the older merge's record lands last
-    got = el.Dataset.open(path).sql_numpy("SELECT priority FROM episodes")["priority"]
+    got = el.Dataset.open(path).sql("SELECT priority FROM episodes").fetchnumpy()["priority"]
     assert got.tolist() == [2.0] * 8
 
 
 def test_copy_carries_derived_columns(tmp_path):
     ds = make(str(tmp_path / "ds"))
     by_id = numbers(ds)
-    ds.update({"priority": [float(by_id[i]) for i in ds.episode_ids.tolist()]})
-    ds.update(
+    ds.columns.update({"priority": [float(by_id[i]) for i in ds.episode_ids.tolist()]})
+    ds.columns.update(
         {"extra/returns": [discounted(episode(by_id[i])["rewards"]) for i in ds.episode_ids[:3].tolist()]},
         ds.episode_ids[:3],
     )
     view = ds.where("n >= 1")
     copy = view.copy_to(str(tmp_path / "copy"), progress=False)
-    got = copy.sql_numpy('SELECT n, priority, "extra/returns" AS r FROM episodes ORDER BY n')
+    got = copy.sql('SELECT n, priority, "extra/returns" AS r FROM episodes ORDER BY n').fetchnumpy()
     assert got["n"].tolist() == list(range(1, 8))
     assert got["priority"].tolist() == [float(n) for n in range(1, 8)]
     with_returns = {by_id[i] for i in ds.episode_ids[:3].tolist()}
@@ -384,17 +385,17 @@ def test_copy_carries_derived_columns(tmp_path):
 
 def test_vacuum_removes_replaced_side_files_and_keeps_the_values(tmp_path):
     ds = make(str(tmp_path / "ds"))
-    ds.update({"priority": [1.0] * 8})
-    ds.update({"priority": [2.0] * 8})  # the merge rewrote the file the first update wrote
+    ds.columns.update({"priority": [1.0] * 8})
+    ds.columns.update({"priority": [2.0] * 8})  # the merge rewrote the file the first update wrote
     side = tmp_path / "ds" / "derived"
     before = {p for p in side.rglob("*.parquet")}
-    report = ds.vacuum(retention_hours=0, break_old_versions=True)
+    report = ds.maintenance.vacuum(retention_hours=0, break_old_versions=True)
     assert len(report.derived_files) >= 1
     assert all(not os.path.exists(p) for p in report.derived_files)
     assert {p for p in side.rglob("*.parquet")} < before
-    assert ds.validate().ok
+    assert ds.maintenance.validate().ok
     assert (
-        el.Dataset.open(str(tmp_path / "ds")).sql_numpy("SELECT priority FROM episodes")["priority"].tolist()
+        el.Dataset.open(str(tmp_path / "ds")).sql("SELECT priority FROM episodes").fetchnumpy()["priority"].tolist()
         == [2.0] * 8
     )
 
@@ -403,15 +404,15 @@ def test_a_grown_snapshot_keeps_derived_values_and_adds_unset_rows(tmp_path, mon
     import episodelake.read.snapshot as snapshot_module
 
     ds = make(str(tmp_path / "ds"))
-    ds.update({"priority": [1.0] * 8, "extra/returns": [discounted(episode(n)["rewards"]) for n in range(8)]})
-    assert ds.sql_numpy("SELECT count(priority) AS c FROM episodes")["c"][0] == 8  # reads the values once
+    ds.columns.update({"priority": [1.0] * 8, "extra/returns": [discounted(episode(n)["rewards"]) for n in range(8)]})
+    assert ds.sql("SELECT count(priority) AS c FROM episodes").fetchnumpy()["c"][0] == 8  # reads the values once
     ds.append_episodes([episode(8), episode(9)])
     ds.flush()
     snap = ds.snapshot()
     assert snap.scan().kept == 8  # grown from the previous snapshot
     with monkeypatch.context() as m:  # a learner's refresh does not re-read the side table
         m.setattr(snapshot_module, "side_values", lambda *a: pytest.fail("side table read again"))
-        got = ds.sql_numpy("SELECT n, priority FROM episodes ORDER BY n")
+        got = ds.sql("SELECT n, priority FROM episodes ORDER BY n").fetchnumpy()
     assert [p if p == p else None for p in got["priority"].tolist()] == [1.0] * 8 + [None, None]
     fresh = el.Dataset.open(str(tmp_path / "ds")).snapshot()
     assert fresh.derived_values().equals(snap.derived_values())
@@ -426,9 +427,9 @@ def test_an_update_that_keeps_losing_races_raises_commit_conflict(tmp_path, monk
 
     path = str(tmp_path / "ds")
     ds = make(path)
-    ds.update({"priority": [1.0] * 8})
+    ds.columns.update({"priority": [1.0] * 8})
     stale = DeltaTable(str(tmp_path / "ds" / "derived"))
-    ds.update({"priority": [2.0] * 8})  # the side table moved on
+    ds.columns.update({"priority": [2.0] * 8})  # the side table moved on
     source = pa.table({"episode_id": pa.array(ds.episode_ids, pa.int64()), "priority": pa.array([3.0] * 8)})
 
     def attempt() -> int:
@@ -439,4 +440,4 @@ def test_an_update_that_keeps_losing_races_raises_commit_conflict(tmp_path, monk
     monkeypatch.setattr(derived, "RETRIES", 2)
     with pytest.raises(el.CommitConflictError, match=r"update of \['priority'\].*conflicted 2 times"):
         derived._retry(attempt, "update of ['priority']")
-    assert el.Dataset.open(path).sql_numpy("SELECT priority FROM episodes")["priority"].tolist() == [2.0] * 8
+    assert el.Dataset.open(path).sql("SELECT priority FROM episodes").fetchnumpy()["priority"].tolist() == [2.0] * 8

@@ -205,7 +205,7 @@ def test_demo_command(tmp_path, capsys):
         truth[ref.episode_id] = np.stack(rows)
     # the sampler's obs/next_obs against the replayed trajectories, not against each other
     view = ds.where("policy = 'lean' AND length >= 20")
-    batch = view.segment_stream(sequence_length=16, batch_size=32, seed=0).sample()
+    batch = view.segment_stream(16, batch_size=32, seed=0).sample()
     for b in range(32):
         rows = truth[int(batch.episode_id[b])]
         s = int(batch.start[b])

@@ -87,11 +87,11 @@ def test_create_over_an_existing_dataset(tmp_path):
 @pytest.mark.parametrize(
     "call",
     [
-        lambda ds: ds.segment_stream(sequence_length=0),
-        lambda ds: ds.segments(2, pad="middle"),
+        lambda ds: ds.segment_stream(0),
+        lambda ds: ds.segments(el.Window(2, pad="middle")),
         lambda ds: ds.sample_transitions(2, gamma=2.0),
         lambda ds: ds.copy_to(None, chunk_rows={"nope": 3}),
-        lambda ds: ds.vacuum(retention_hours=-1),
+        lambda ds: ds.maintenance.vacuum(retention_hours=-1),
         lambda ds: el.Dataset.open(ds.location.url, version=-1),
         lambda ds: el.Dataset.open(ds.location.url, commit_every=3),
         lambda ds: ds.vector_writer({"state": np.zeros((2, 3), np.float32)}, 0),

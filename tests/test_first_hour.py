@@ -164,11 +164,11 @@ def test_meta_values_are_python_scalars(tmp_path):
             paths = {
                 "episode(i).meta": [d.episode(i).meta for i in range(len(d))],
                 "episodes()": [e.meta for e in d.episodes()],
-                "episode_by_id": [d.episode_by_id(int(i)).meta for i in d.episode_ids],
+                "episode_by_id": [d.episode(id=int(i)).meta for i in d.episode_ids],
                 "where().episodes()": [e.meta for e in d.where("length > 0").episodes()],
                 "read().meta": [dict(d.episode(i).read().meta) for i in range(len(d))],
                 # (a segment item holds the fill value, not None, where unset: only episodes with every value)
-                "segments()[i].meta": [dict(d.segments(1, pad=None)[i].meta) for i in (0, 1)],
+                "segments()[i].meta": [dict(d.segments(el.Window(1, pad=None))[i].meta) for i in (0, 1)],
                 "filter= argument": [],
             }
             d.sample_transitions(4, seed=0, filter=lambda ep, seen=seen: seen.append(ep.meta) or True)
@@ -186,11 +186,11 @@ def test_meta_values_are_python_scalars(tmp_path):
             np.testing.assert_array_equal(again, obs)
 
     # batches keep typed arrays
-    batch = ds.segment_stream(sequence_length=1, batch_size=4, seed=0).sample()
+    batch = ds.segment_stream(1, batch_size=4, seed=0).sample()
     assert batch.meta["seed"].dtype == np.uint64 and batch.meta["score"].dtype == np.float32
     # history and stream lineage hand Python values (and NumPy arrays of stream state) only
     assert _walk(ds.history()) == []
-    stream = ds.where("seed >= ?", [0]).segment_stream(sequence_length=1, batch_size=2, seed=3)
+    stream = ds.where("seed >= ?", [0]).segment_stream(1, batch_size=2, seed=3)
     next(iter(stream))
     assert _walk(stream.state_dict()["lineage"]) == []
 
@@ -378,12 +378,12 @@ def test_fields_reachable_by_key_whatever_the_schema(two):
 
     def check_rows(got, ids, rows, key="state"):
         for b, (eid, r) in enumerate(zip(ids, rows, strict=True)):
-            ep = by_task[ds.episode_by_id(int(eid)).meta["task"]]
+            ep = by_task[ds.episode(id=int(eid)).meta["task"]]
             np.testing.assert_array_equal(got[b], ep["observations"][key][r])
 
-    batch = ds.segment_stream(sequence_length=3, batch_size=5, seed=1, pad=None).sample()
+    batch = ds.segment_stream(el.Window(3, pad=None), batch_size=5, seed=1).sample()
     single = ds.episode(1).read()
-    item = ds.segments(3, pad=None)[4]
+    item = ds.segments(el.Window(3, pad=None))[4]
     trajectories = next(iter(ds.trajectories(2, seed=0)))
     transitions = ds.sample_transitions(6, seed=2)
     for c in (batch, single, item, trajectories, transitions):

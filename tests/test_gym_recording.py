@@ -154,7 +154,7 @@ def test_record_episodes_matches_hand_stepped_env(env_id, tmp_path):
     assert info["env_spec"]["id"] == env_id
     if env_id != "DictMultiDiscrete-v0":
         assert info["packages"]["gymnasium"] == gym.__version__
-    assert ds.descriptor["versions"]["gymnasium"] == gym.__version__
+    assert ds.maintenance.descriptor["versions"]["gymnasium"] == gym.__version__
 
 
 def test_dict_env_fields_and_tensor_storage():

@@ -40,11 +40,11 @@ def test_every_operation_is_named_in_history_and_the_cli(tmp_path):
     write(ds, range(4, 7))  # EVICT: 3 added, the 2 oldest removed
     ds.delete(where="n = 3")  # DELETE 1
     write(ds, range(7, 8))  # APPEND 1: fits (4 live), and makes a second file for the compaction
-    ds.add_column(el.FieldSpec("score", (), "float32", role="meta"))  # ADD COLUMN
-    ds.update({"score": [1.0] * 5})  # UPDATE
-    ds.compact()  # COMPACT
-    ds.vacuum(retention_hours=0, break_old_versions=True)  # VACUUM START / END: the compacted files go
-    ds.clear()  # CLEAR 5
+    ds.columns.add(el.FieldSpec("score", (), "float32", role="meta"))  # ADD COLUMN
+    ds.columns.update({"score": [1.0] * 5})  # UPDATE
+    ds.maintenance.compact()  # COMPACT
+    ds.maintenance.vacuum(retention_hours=0, break_old_versions=True)  # VACUUM START / END: the compacted files go
+    ds.delete(all=True)  # CLEAR 5
     want = [
         ("CREATE", None, None),
         ("APPEND", 4, 0),

@@ -162,7 +162,7 @@ def test_d4rl_without_next_observations_keeps_every_end_flag():
     assert (outcomes.count("terminated"), outcomes.count("truncated")) == (9, 5)  # what the README data holds
 
     ds = import_dataset("d4rl", data, None)
-    got = ds.sql_numpy("SELECT terminated, truncated, return FROM episodes")
+    got = ds.sql("SELECT terminated, truncated, return FROM episodes").fetchnumpy()
     assert int(got["terminated"].sum()) == outcomes.count("terminated") == int(terminals.sum())
     assert int(got["truncated"].sum()) == outcomes.count("truncated") == int((timeouts & ~terminals).sum())
     np.testing.assert_allclose(got["return"].sum(), kept_reward, rtol=1e-9)
@@ -190,7 +190,7 @@ def test_d4rl_one_row_timeout_is_skipped_loudly():
     one_row = [i for i, (a, b) in enumerate(bounds) if b - a == 1]
     assert ds.info["source"]["skipped_episodes"] == one_row
     assert len(ds) == len(bounds) - 1
-    assert int(ds.sql_numpy("SELECT count(*) AS n FROM episodes WHERE terminated")["n"][0]) == 1
+    assert int(ds.sql("SELECT count(*) AS n FROM episodes WHERE terminated").fetchnumpy()["n"][0]) == 1
 
 
 def test_failed_import_leaves_nothing(tmp_path):

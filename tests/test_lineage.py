@@ -88,7 +88,7 @@ def disk_dataset(tmp_path):
 def test_lineage_names_everything_and_travels_as_json(disk_dataset):
     ds = disk_dataset
     view = ds.where("length > $n", {"n": 3}).select_episodes("SELECT episode_id FROM episodes WHERE task = 'pick'")
-    stream = view.segment_stream(sequence_length=3, batch_size=2, shard=(1, 2), priority="length", alpha=0.5)
+    stream = view.segment_stream(3, batch_size=2, shard=(1, 2), sampler=el.Prioritized("length", alpha=0.5))
     next(stream)
     lineage = stream.state_dict()["lineage"]
     assert json.loads(json.dumps(lineage)) == lineage
@@ -107,23 +107,23 @@ def test_lineage_names_everything_and_travels_as_json(disk_dataset):
 def test_arguments_that_cannot_travel_must_be_passed_again(disk_dataset):
     ds = disk_dataset
     weights = np.linspace(1.0, 2.0, len(ds))
-    stream = ds.segment_stream(sequence_length=2, batch_size=3, seed=1, weights=weights, prefetch=0)
+    stream = ds.segment_stream(2, batch_size=3, seed=1, sampler=el.Weighted(weights), prefetch=0)
     next(stream)
     state = stream.state_dict()
     assert state["lineage"]["stream"]["weights"]["given"] == "array"
     with pytest.raises(el.ArgumentError, match="weights"):
         el.stream_from_state(state)
     with pytest.raises(el.ArgumentError, match="filter"):
-        el.stream_from_state(state, weights=weights, filter=lambda e: True)
-    again = el.stream_from_state(state, weights=weights)
+        el.stream_from_state(state, sampler=el.Weighted(weights), filter=lambda e: True)
+    again = el.stream_from_state(state, sampler=el.Weighted(weights))
     np.testing.assert_array_equal(next(again).data["observation/state"], next(stream).data["observation/state"])
     with pytest.raises(el.ArgumentError, match="weights"):  # other weights: the fingerprint differs
-        el.stream_from_state(state, weights=weights[::-1].copy())
+        el.stream_from_state(state, sampler=el.Weighted(weights[::-1].copy()))
 
     def long(e: el.EpisodeRef) -> bool:
         return e.length > 4
 
-    filtered = ds.segment_stream(sequence_length=2, batch_size=2, seed=3, filter=long)
+    filtered = ds.segment_stream(2, batch_size=2, seed=3, filter=long)
     state = filtered.state_dict()
     assert state["lineage"]["stream"]["filter"] == {"given": "callable " + long.__qualname__}
     with pytest.raises(el.ArgumentError, match="filter"):
@@ -135,7 +135,7 @@ def test_arguments_that_cannot_travel_must_be_passed_again(disk_dataset):
     def flip(frames: np.ndarray) -> np.ndarray:
         return frames[..., ::-1]
 
-    flipped = ds.segment_stream(sequence_length=2, batch_size=2, seed=3, transform={"observation/camera": flip})
+    flipped = ds.segment_stream(2, batch_size=2, seed=3, transform={"observation/camera": flip})
     state = flipped.state_dict()
     assert state["lineage"]["stream"]["transform"] == {"given": "transform"}
     with pytest.raises(el.ArgumentError, match="transform"):
@@ -147,7 +147,7 @@ def test_arguments_that_cannot_travel_must_be_passed_again(disk_dataset):
 def test_unrecorded_sources_need_the_collection(disk_dataset):
     ds = disk_dataset
     view = DatasetView(ds, ds.snapshot(), np.arange(0, len(ds), 2))  # chosen by means lineage cannot see
-    stream = view.segment_stream(sequence_length=2, batch_size=2, seed=0)
+    stream = view.segment_stream(2, batch_size=2, seed=0)
     state = stream.state_dict()
     assert state["lineage"]["selection"] is None
     with pytest.raises(el.ArgumentError, match="collection="):
@@ -158,7 +158,7 @@ def test_unrecorded_sources_need_the_collection(disk_dataset):
     memory = el.Dataset.create(build_schema())
     rng = np.random.default_rng(0)
     memory.append_episodes(random_episode(rng, 4, image=False).as_dict(unwrap_action=True) for _ in range(3))
-    state = memory.segment_stream(sequence_length=2, batch_size=2, seed=0).state_dict()
+    state = memory.segment_stream(2, batch_size=2, seed=0).state_dict()
     with pytest.raises(el.ArgumentError, match="in-memory"):
         el.stream_from_state(state)
     with pytest.raises(el.ArgumentError, match="lineage"):
@@ -187,17 +187,17 @@ def shared_dataset(tmp_path_factory):
 )
 def test_any_stream_rebuilds_from_its_state(shared_dataset, mode, length, batch, stride, pad, shard, where, taken):
     """Whatever the arguments, stream_from_state(state) continues exactly as the original stream does."""
-    kwargs = {"sequence_length": length, "batch_size": batch, "stride": stride, "pad": pad, "shard": shard}
-    kwargs |= {"where": where, "seed": 17, "prefetch": 0}
-    kwargs |= {
-        "random": {},
-        "permutation": {"replacement": False},
-        "ordered": {"shuffle": False},
-        "weighted": {"weights": "length"},
-        "prioritized": {"priority": "1.0 + length", "alpha": 0.7},
+    sampler = {
+        "random": el.Uniform(),
+        "permutation": el.Uniform(replacement=False),
+        "ordered": el.Sequential(),
+        "weighted": el.Weighted("length"),
+        "prioritized": el.Prioritized("1.0 + length", alpha=0.7),
     }[mode]
+    window = el.Window(length, pad=pad, stride=stride)
+    kwargs = {"batch_size": batch, "sampler": sampler, "shard": shard, "where": where, "seed": 17, "prefetch": 0}
     try:
-        stream = shared_dataset.segment_stream(**kwargs)
+        stream = shared_dataset.segment_stream(window, **kwargs)
     except el.ArgumentError:  # e.g. nothing to sample with this length, pad and where
         assume(False)
     for _ in range(taken):
@@ -234,7 +234,7 @@ def test_state_files_keep_arrays_and_big_ints_exactly(arrays, big):
 def test_cli_lineage_prints_the_state(disk_dataset, tmp_path):
     ds = disk_dataset
     stream = ds.where("task = 'place'").segment_stream(
-        sequence_length=2, batch_size=2, seed=9, replacement=False, shard=(0, 2)
+        2, batch_size=2, seed=9, sampler=el.Uniform(replacement=False), shard=(0, 2)
     )
     next(stream)
     state_file = tmp_path / "state.json"
@@ -291,10 +291,10 @@ def test_changes_match_the_recorded_truth(tmp_path, seed):
         elif op == "update":
             chosen = [int(i) for i in rng.choice(sorted(live), size=int(rng.integers(1, len(live) + 1)), replace=False)]
             values = [float(rng.choice([0.5, 1.5, float("nan")])) for _ in chosen]
-            ds.update({"score": values}, chosen)
+            ds.columns.update({"score": values}, chosen)
             live.update(zip(chosen, values, strict=True))
         else:
-            ds.compact()
+            ds.maintenance.compact()
         truth[ds.version] = dict(live)
     now = truth[ds.version]
     for since, then in truth.items():
@@ -359,7 +359,7 @@ def test_a_follow_stream_is_rebuilt_at_its_version(tmp_path):
     path = str(tmp_path / "ds")
     raws = build_robot_dataset(path, seed=6, episodes=6, per_commit=6, max_length=10)
     ds = el.Dataset.open(path)
-    stream = ds.segment_stream(sequence_length=2, batch_size=2, seed=4, follow=True)
+    stream = ds.segment_stream(2, batch_size=2, seed=4, follow=True)
     next(stream)
     state = stream.state_dict()
     ds.append_episodes(r.as_dict(unwrap_action=True) for r in raws[:2])

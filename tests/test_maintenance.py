@@ -40,7 +40,7 @@ def crash(server: ForkServer, path: str, seed: int, kind: str, at: int, episodes
 def check(path: str) -> el.Dataset:
     ds = el.Dataset.open(path)
     assert_all_match(ds, [episode(*o) for o in origins(ds)])
-    assert ds.validate().ok
+    assert ds.maintenance.validate().ok
     return ds
 
 
@@ -67,23 +67,24 @@ def test_vacuum_removes_crash_leftovers_only(tmp_path, capsys):
     assert {(0, 0), (0, 1), (2, 0), (2, 1)} <= set(visible)
     version = ds.version
 
-    fresh = ds.vacuum(dry_run=True, retention_hours=0)  # leftovers younger than the floor (1 h) stay
+    fresh = ds.maintenance.vacuum(dry_run=True, retention_hours=0)  # leftovers younger than the floor (1 h) stay
     assert (fresh.table_files, fresh.tensor_arrays, fresh.truncated, fresh.temp_files) == ([], [], [], [])
     age_files(path, hours=2)  # the leftovers are now past the floor
 
     before = tree_digest(path)
-    dry = ds.vacuum(dry_run=True, retention_hours=0)
+    dry = ds.maintenance.vacuum(dry_run=True, retention_hours=0)
     assert tree_digest(path) == before  # a dry run deletes nothing
     assert {os.path.normpath(f) for f in dry.table_files} == orphans  # exactly the killed commit's file
     assert len(dry.tensor_arrays) >= 1 and dry.temp_files
     assert dry.truncated == [] and dry.unreclaimed_rows > 0  # single arrays are counted, never cut
-    assert ds.vacuum().to_json() == {**ds.vacuum(dry_run=True).to_json(), "dry_run": False}  # nothing is 7 days old
+    # nothing is 7 days old
+    assert ds.maintenance.vacuum().to_json() == {**ds.maintenance.vacuum(dry_run=True).to_json(), "dry_run": False}
     assert tree_digest(path) == before
 
     assert main(["vacuum", path, "--dry-run", "--retention-hours", "0", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["tensor_arrays"] == dry.tensor_arrays
 
-    done = ds.vacuum(retention_hours=1)  # the shortest retention allowed without the override
+    done = ds.maintenance.vacuum(retention_hours=1)  # the shortest retention allowed without the override
     assert done.tensor_arrays == dry.tensor_arrays and done.truncated == dry.truncated
     assert done.table_files == dry.table_files and done.temp_files == dry.temp_files
     for array in done.tensor_arrays:
@@ -91,7 +92,7 @@ def test_vacuum_removes_crash_leftovers_only(tmp_path, capsys):
     assert not any(os.path.exists(f) for f in orphans) and unreferenced_parquet(path) == set()
     ds = check(path)
     assert origins(ds) == visible
-    again = ds.vacuum(dry_run=True, retention_hours=0)
+    again = ds.maintenance.vacuum(dry_run=True, retention_hours=0)
     assert (again.tensor_arrays, again.truncated, again.table_files) == ([], [], [])
     past = el.Dataset.open(path, version=version)  # versions whose files survive stay readable
     assert_all_match(past, [episode(*o) for o in origins(past)])
@@ -105,15 +106,15 @@ def test_vacuum_after_compaction_keeps_the_latest_version(tmp_path):
     path = str(tmp_path / "ds")
     ds = one_commit_per_episode(path, 6)
     old = ds.version
-    ds.compact()
-    kept = ds.vacuum()  # default retention: the compacted-away files are fresh, they stay
+    ds.maintenance.compact()
+    kept = ds.maintenance.vacuum()  # default retention: the compacted-away files are fresh, they stay
     assert kept.table_files == []
     assert len(el.Dataset.open(path, version=old)) == 6
-    gone = ds.vacuum(retention_hours=0, break_old_versions=True)
+    gone = ds.maintenance.vacuum(retention_hours=0, break_old_versions=True)
     assert len(gone.table_files) >= 6 and gone.tensor_arrays == [] and gone.truncated == []
     assert not any(os.path.exists(f) for f in gone.table_files)
     # deltalake keeps listing the tombstones of files already deleted: a second vacuum must report nothing
-    again = el.Dataset.open(path).vacuum(dry_run=True, retention_hours=0)
+    again = el.Dataset.open(path).maintenance.vacuum(dry_run=True, retention_hours=0)
     assert (again.table_files, again.tensor_arrays, again.truncated) == ([], [], [])
     ds = check(path)
     assert origins(ds) == [(0, i) for i in range(6)]

@@ -143,7 +143,7 @@ def test_a_discarded_held_episode_unblocks_flush(tmp_path):
     ds.flush()
     assert committed(path) == [("kept", True, 1)]
     held = run_episode(ds, 2, task="also gone")
-    assert ds.discard_pending() == 1  # held episodes are pending ones too
+    assert ds.flush(discard=True) == 1  # held episodes are pending ones too
     with pytest.raises(el.EpisodeStateError, match="discarded"):
         held.set_meta(success=True)
     assert ds.flush() is None

@@ -165,7 +165,7 @@ def test_stream_draws_p_alpha_and_weights_follow_the_formula(request, tmp_path, 
     L = 3
     where, keys = segments_of(ds, lengths, L)
     raw = np.repeat(difficulty, [T - L + 1 for T in lengths])
-    stream = ds.segment_stream(sequence_length=L, batch_size=512, seed=0, priority="difficulty", alpha=ALPHA, beta=BETA)
+    stream = ds.segment_stream(L, batch_size=512, seed=0, sampler=el.Prioritized("difficulty", alpha=ALPHA, beta=BETA))
     slot_of = {}
 
     def draw(n_batches, raw):
@@ -199,7 +199,7 @@ def test_stream_resume_is_exact_with_priorities():
     ds, _ = make_dataset()
 
     def make():
-        return ds.segment_stream(sequence_length=2, batch_size=16, seed=5, priority="reward", alpha=ALPHA, beta=BETA)
+        return ds.segment_stream(2, batch_size=16, seed=5, sampler=el.Prioritized("reward", alpha=ALPHA, beta=BETA))
 
     def learn(stream, steps):
         out = []
@@ -222,12 +222,12 @@ def test_stream_resume_is_exact_with_priorities():
     with pytest.raises(el.ArgumentError, match="no priorities saved"):
         make().load_state_dict({k: v for k, v in state.items() if k != "priorities"})
     with pytest.raises(el.ArgumentError, match="mode"):
-        ds.segment_stream(sequence_length=2, batch_size=16, seed=5).load_state_dict(state)
+        ds.segment_stream(2, batch_size=16, seed=5).load_state_dict(state)
 
 
 def test_stream_priority_from_an_array_and_zero_is_never_drawn():
     ds, _ = make_dataset()
-    stream = ds.segment_stream(sequence_length=2, batch_size=256, seed=1, priority=[1.0, 0.0, 2.0, 0.0])
+    stream = ds.segment_stream(2, batch_size=256, seed=1, sampler=el.Prioritized([1.0, 0.0, 2.0, 0.0]))
     ids = ds.episode_ids
     seen = np.concatenate([stream.sample().episode_id for _ in range(20)])
     assert set(seen.tolist()) == {int(ids[0]), int(ids[2])}
@@ -237,16 +237,16 @@ def test_priority_from_derived_columns_per_episode_and_per_step():
     """A derived per-episode column (set by update) and a derived per-step column drive the draws (chi-square)."""
     lengths = (6, 9, 4, 12)
     ds, _ = make_dataset(lengths)
-    ds.add_column(
+    ds.columns.add(
         el.FieldSpec("td", (), "float64", role="meta"), el.FieldSpec("td", (), "float32", role="extra", derived=True)
     )
     per_episode = np.array([2.0, 0.0, 1.0, 4.0])
     per_step = [np.arange(T, dtype=np.float32) % 3 + 0.5 for T in lengths]
-    ds.update({"td": per_episode, "extra/td": per_step})
+    ds.columns.update({"td": per_episode, "extra/td": per_step})
     L = 1
     where, keys = segments_of(ds, lengths, L)
     for priority, raw in (("td", np.repeat(per_episode, lengths)), ("extra/td", np.concatenate(per_step))):
-        stream = ds.segment_stream(sequence_length=L, batch_size=512, seed=4, priority=priority, alpha=ALPHA)
+        stream = ds.segment_stream(L, batch_size=512, seed=4, sampler=el.Prioritized(priority, alpha=ALPHA))
         counts = np.zeros(len(keys))
         for _ in range(100):
             b = stream.sample()
@@ -261,7 +261,7 @@ def test_sharded_prioritized_streams_draw_their_own_share():
     ds, _ = make_dataset()
     starts = []
     for rank in range(2):
-        s = ds.segment_stream(sequence_length=2, batch_size=64, seed=2, priority=1.0, shard=(rank, 2))
+        s = ds.segment_stream(2, batch_size=64, seed=2, sampler=el.Prioritized(1.0), shard=(rank, 2))
         b = s.sample()
         assert (b.indices < len(s.index)).all()
         starts.append(set(zip(b.episode_id.tolist(), b.start.tolist(), strict=True)))
@@ -291,7 +291,7 @@ def test_transitions_priority_from_a_step_field():
     rng = np.random.default_rng(0)
     counts = np.zeros(len(reward))
     for _ in range(100):
-        tr = ds.sample_transitions(512, priority="reward", alpha=ALPHA, beta=BETA, rng=rng)
+        tr = ds.sample_transitions(512, sampler=el.Prioritized("reward", alpha=ALPHA, beta=BETA), rng=rng)
         c, item = count(where, tr, len(reward))
         counts += c
         w = (len(reward) * P[item]) ** -BETA
@@ -348,7 +348,7 @@ def test_transitions_weights_and_custom_sampler():
     ds, episodes = make_dataset()
     lengths = np.array([len(e["rewards"]) for e in episodes])
     difficulty = np.array([e["meta"]["difficulty"] for e in episodes])
-    tr = ds.sample_transitions(40_000, weights="difficulty", seed=0)
+    tr = ds.sample_transitions(40_000, sampler=el.Weighted("difficulty"), seed=0)
     ids = ds.episode_ids
     counts = np.array([(tr.episode_id == i).sum() for i in ids])
     assert chi_square(counts, difficulty * lengths / (difficulty * lengths).sum()) > P_MIN
@@ -365,9 +365,9 @@ def test_transitions_weights_and_custom_sampler():
 def test_bad_priority_input_names_the_item():
     ds, _ = make_dataset()
     with pytest.raises(el.ArgumentError, match=r"priority of episode #1 is -1.0"):
-        ds.segment_stream(sequence_length=2, priority=[1.0, -1.0, 1.0, 1.0])
+        ds.segment_stream(2, sampler=el.Prioritized([1.0, -1.0, 1.0, 1.0]))
     with pytest.raises(el.ArgumentError, match=r"expected one value per episode \(4\) or per item"):
-        ds.sample_transitions(2, priority=[1.0, 2.0])
+        ds.sample_transitions(2, sampler=el.Prioritized([1.0, 2.0]))
     per = el.PrioritizedSampler()
     ds.sample_transitions(2, sampler=per)
     before = per.priorities
@@ -381,7 +381,7 @@ def test_bad_priority_input_names_the_item():
 def test_each_batch_sees_the_updates_before_it():
     """With the default prefetch, a prioritized batch is drawn when requested: an update applies to the next one."""
     ds, _ = make_dataset()
-    stream = ds.segment_stream(sequence_length=2, batch_size=64, seed=0, priority=1.0)
+    stream = ds.segment_stream(2, batch_size=64, seed=0, sampler=el.Prioritized(1.0))
     b = stream.sample()
     keep = int(b.indices[0])
     stream.update_priorities(b.indices, np.where(b.indices == keep, 1.0, 0.0))  # zero all but one seen slot
@@ -412,7 +412,7 @@ def test_alpha_zero_is_uniform_over_positive_priorities():
 def test_a_given_prioritized_sampler_drives_a_stream():
     ds, _ = make_dataset()
     per = el.PrioritizedSampler(alpha=1.0, beta=0.0, seed=3)
-    stream = ds.segment_stream(sequence_length=3, batch_size=16, sampler=per)
+    stream = ds.segment_stream(3, batch_size=16, sampler=per)
     b = stream.sample()
     assert stream.prioritized and (b.weights == 1.0).all()  # beta = 0: no correction
     stream.update_priorities(b.indices, np.full(16, 7.0))
@@ -425,11 +425,11 @@ def test_weights_convert_with_the_batch_and_indices_stay_numpy():
     from episodelake.integrations.torch import to_torch
 
     ds, _ = make_dataset()
-    b = ds.segment_stream(sequence_length=2, batch_size=8, seed=0, priority="difficulty").sample()
+    b = ds.segment_stream(2, batch_size=8, seed=0, sampler=el.Prioritized("difficulty")).sample()
     tb = to_torch(b)
     assert isinstance(tb.weights, torch.Tensor) and torch.equal(tb.weights, torch.from_numpy(b.weights))
     assert isinstance(tb.indices, np.ndarray) and np.array_equal(tb.indices, b.indices)
-    tr = ds.sample_transitions(8, priority=1.0, seed=0)
+    tr = ds.sample_transitions(8, sampler=el.Prioritized(1.0), seed=0)
     tt = to_torch(tr)
     assert isinstance(tt.weights, torch.Tensor) and np.array_equal(tt.indices, tr.indices)
 

@@ -96,11 +96,11 @@ def test_multi_piece_checksums_match_zlib(camera_data):
     path, raws = camera_data
     ds = el.Dataset.open(path)
     by_index = {tuple(r.obs["state"][0].tolist()): r for r in raws}
-    crcs = ds.sql_numpy('SELECT "crc/observation/camera" AS crc FROM episodes ORDER BY created_at, episode_id')
+    crcs = ds.sql('SELECT "crc/observation/camera" AS crc FROM episodes ORDER BY created_at, episode_id').fetchnumpy()
     for pos in range(len(ds)):
         raw = by_index[tuple(ds.episode(pos).read().obs.state[0].tolist())]
         assert int(crcs["crc"][pos]) == zlib.crc32(np.ascontiguousarray(raw.obs["camera"]).data)
-    assert ds.validate().ok
+    assert ds.maintenance.validate().ok
 
 
 def tensor_chunk_files(path: str) -> list[str]:
@@ -133,10 +133,11 @@ def test_flipped_byte_in_one_chunk_names_its_episode(camera_data, tmp_path):
     ds = el.Dataset.open(path)
     owners = episodes_differing(ds, raws)  # the truth: whose data the flip changed
     assert len(owners) == 1
-    problems = ds.validate().problems
+    problems = ds.maintenance.validate().problems
     assert [(p.kind, p.episode_id) for p in problems] == [("checksum", next(iter(owners)))]
     assert "observation/camera" in problems[0].message
-    assert not ds.validate(tensors=False).problems  # tensors=False reads no tensor rows: it cannot see a flip
+    # tensors=False reads no tensor rows: it cannot see a flip
+    assert not ds.maintenance.validate(tensors=False).problems
     verified = el.Dataset.open(path, verify=True)
     for ref in verified.episodes():
         if ref.episode_id in owners:
@@ -218,7 +219,7 @@ def test_commit_episodes_trigger(tmp_path):
     for i in range(7):
         ds.append_episodes([small_episode(i)])
         assert committed(path) == 3 * ((i + 1) // 3)
-    ds.discard_pending()
+    ds.flush(discard=True)
 
 
 def test_commit_bytes_trigger(tmp_path):
@@ -232,7 +233,7 @@ def test_commit_bytes_trigger(tmp_path):
         ds.append_episodes([small_episode(i, 10)])
         history.append(committed(path))
     assert history == [0, 0, 3, 3, 3, 6]
-    ds.discard_pending()
+    ds.flush(discard=True)
 
 
 def test_commit_seconds_trigger(tmp_path):
@@ -252,7 +253,7 @@ def test_commit_seconds_trigger(tmp_path):
     slow = el.Dataset.create(robot_schema(), str(tmp_path / "slow"), commit_seconds=3600)
     slow.append_episodes([small_episode(0), small_episode(1)])
     assert committed(str(tmp_path / "slow")) == 0
-    slow.discard_pending()
+    slow.flush(discard=True)
 
 
 # ---------------------------------------------------------------- writer lifecycles
@@ -380,7 +381,7 @@ def test_automatic_checkpoint_every_64_commits(tmp_path):
     with open(os.path.join(log, "_last_checkpoint")) as fh:
         assert json.load(fh)["version"] >= 64
     again = el.Dataset.open(path)
-    assert len(again) == 64 and again.validate().ok
+    assert len(again) == 64 and again.maintenance.validate().ok
 
 
 # ---------------------------------------------------------------- samplers
@@ -401,7 +402,7 @@ def test_weights_as_a_sql_query(small_ds):
     ids = ds.episode_ids
     chosen = {int(ids[2]), int(ids[7])}
     query = f"SELECT episode_id, 1.0 AS weight FROM episodes WHERE episode_id IN ({', '.join(map(str, chosen))})"
-    stream = ds.segment_stream(sequence_length=2, batch_size=64, seed=0, weights=query, prefetch=0)
+    stream = ds.segment_stream(2, batch_size=64, seed=0, sampler=el.Weighted(query), prefetch=0)
     seen = np.concatenate([stream.sample().episode_id for _ in range(5)])
     assert set(seen.tolist()) == chosen  # episodes the query omits get weight 0
 
@@ -413,10 +414,10 @@ class EmptySampler:
 
 def test_sampler_returning_nothing_ends_the_stream(small_ds):
     ds, _ = small_ds
-    stream = ds.segment_stream(sequence_length=2, batch_size=4, sampler=EmptySampler(), prefetch=0)
+    stream = ds.segment_stream(2, batch_size=4, sampler=EmptySampler(), prefetch=0)
     assert list(stream) == []
     with pytest.raises(el.ValidationError, match="no segments to sample"):
-        ds.where("length > 1000").segment_stream(sequence_length=2)
+        ds.where("length > 1000").segment_stream(2)
 
 
 def test_prefetch_queue_is_bounded(small_ds):
@@ -434,7 +435,7 @@ def test_prefetch_queue_is_bounded(small_ds):
                 sampled.notify_all()
             return np.arange(batch_size) % len(index)
 
-    stream = ds.segment_stream(sequence_length=2, batch_size=4, sampler=Counting(), prefetch=2)
+    stream = ds.segment_stream(2, batch_size=4, sampler=Counting(), prefetch=2)
     stream.sample()
     queue = stream._prefetcher.queue
     # the thread plans a batch (one sampler call), queues it, and goes on: the 4th call (1 taken, 2 queued,
@@ -452,7 +453,7 @@ def test_to_torch_pin_memory_on_cpu(small_ds):
     from episodelake.integrations.torch import to_torch
 
     ds, _ = small_ds
-    batch = ds.segment_stream(sequence_length=3, batch_size=4, seed=0, prefetch=0).sample()
+    batch = ds.segment_stream(3, batch_size=4, seed=0, prefetch=0).sample()
     tb = to_torch(batch, pin_memory=False)
     np.testing.assert_array_equal(tb.obs.camera.numpy(), batch.obs.camera)
     assert tb.reward.data_ptr() == torch.from_numpy(batch.reward).data_ptr()  # shares memory
@@ -483,7 +484,7 @@ def test_copy_to_field_mappings_and_disk_to_s3(small_ds, s3_server, s3_url):
     arrays = [p for p in fs.find(f"{s3_url[5:]}/tensors") if "observation/camera" in p and p.endswith("zarr.json")]
     codecs = [json.loads(fs.cat_file(p)).get("codecs") for p in arrays]
     assert arrays and all("zstd" in json.dumps(c) for c in codecs if c)
-    report = again.validate()
+    report = again.maintenance.validate()
     assert report.ok and report.episodes == len(raws) and report.tensor_rows == sum(r.length + 1 for r in raws)
 
 
@@ -496,7 +497,7 @@ def test_validate_on_s3_finds_a_missing_object(small_ds, s3_server, s3_url):
     fs = s3fs.S3FileSystem(**opts)
     parquet = [p for p in fs.find(s3_url[5:] + "/episodes") if p.endswith(".parquet") and "_delta_log" not in p]
     fs.rm(parquet[0])
-    problems = el.Dataset.open(s3_url, storage_options=opts).validate().problems
+    problems = el.Dataset.open(s3_url, storage_options=opts).maintenance.validate().problems
     assert any(p.kind == "table-file" and "missing" in p.message and parquet[0] in p.file for p in problems)
 
 

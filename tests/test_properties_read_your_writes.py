@@ -22,17 +22,16 @@ from .workers.common import assert_all_match, crash_schema, episode
 # Each read returns the number of distinct episodes it saw (3 were finished, none flushed).
 MORE_READS = {
     "changes": lambda ds: len(ds.changes(0).added),
-    "episode_by_id": lambda ds: 3 if ds.episode_by_id(int(ds.snapshot().index["episode_id"][2])).length else -1,
+    "episode id": lambda ds: 3 if ds.episode(id=int(ds.snapshot().index["episode_id"][2])).length else -1,
     "to_numpy": lambda ds: len(ds.to_numpy()["episode_id"]),
     "positions": lambda ds: len(ds.positions),
     "trajectories": lambda ds: len({int(e) for e in ds.trajectories(64, seed=0).sample().episode_id}),
     "snapshot": lambda ds: ds.snapshot().num_episodes,
 }
-# Public names that are not reads of the episodes: writers, maintenance, constructors, plain attributes.
+# Public names that are not reads of the episodes: writers, derived columns, constructors, plain attributes.
 NOT_READS = {
-    "add_column", "append_episodes", "clear", "close", "compact", "create", "delete", "descriptor",
-    "discard_pending", "flush", "from_episodes", "info", "location", "new_episode", "open", "read_only", "refresh",
-    "schema", "update", "vacuum", "validate_episode", "vector_writer", "verify", "version",
+    "append_episodes", "close", "columns", "create", "delete", "flush", "from_episodes", "info", "location",
+    "new_episode", "open", "refresh", "schema", "vector_writer", "version",
 }  # fmt: skip
 # copy_to: tests/test_read_your_writes.py::test_copy_to_includes_the_writers_finished_episodes;
 # to_ray / segments_to_ray: tests/test_ray.py (Ray is optional and slow to start).

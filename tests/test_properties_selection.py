@@ -57,7 +57,7 @@ def test_a_filter_on_a_view_is_the_intersection(lake, a, b):
     inner = outer.select_episodes(f"SELECT episode_id FROM episodes WHERE {PREDICATES[b][0]}")
     assert set(inner.episode_ids.tolist()) == expected
     # a nested view's reads answer for its own episodes only
-    assert {int(i) for i in view.sql_numpy("SELECT episode_id FROM episodes")["episode_id"]} == expected
+    assert {int(i) for i in view.sql("SELECT episode_id FROM episodes").fetchnumpy()["episode_id"]} == expected
     assert len(view) == len(expected) and view.num_steps == sum(raws[i].length for i in expected)
     if expected:
         assert view.stats()["length"]["count"] == len(expected)
@@ -72,7 +72,7 @@ def test_sampling_a_view_with_where_and_filter_draws_the_intersection(lake, a, b
     assert {int(by_filter[i].episode_id) for i in range(len(by_filter))} == both
     if not both:
         return
-    stream = view.segment_stream(sequence_length=1, batch_size=64, seed=0, where=PREDICATES[b][0], prefetch=0)
+    stream = view.segment_stream(1, batch_size=64, seed=0, where=PREDICATES[b][0], prefetch=0)
     drawn = {int(e) for _ in range(20) for e in stream.sample().episode_id}
     assert drawn == both  # 1280 draws over at most 40 episodes' steps: every one is hit
 
@@ -82,7 +82,7 @@ def test_a_weights_query_must_return_both_columns(lake):
     ds, _ = lake
     for query in ("SELECT episode_id FROM episodes", "SELECT 1.0 AS weight FROM episodes"):
         with pytest.raises(el.ArgumentError, match="episode_id and weight"):
-            ds.segment_stream(sequence_length=1, weights=query)
+            ds.segment_stream(1, sampler=el.Weighted(query))
 
 
 def test_a_filter_that_is_not_callable_is_refused_by_name(lake):

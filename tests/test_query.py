@@ -72,10 +72,10 @@ def assert_stats_equal(got: dict, raws) -> None:
 
 
 def test_episodes_view_matches_raw(robot_dataset, raw_episodes):
-    got = robot_dataset.sql_numpy(
+    got = robot_dataset.sql(
         "SELECT episode_id, length, return, task, success, terminated, truncated, created_at "
         "FROM episodes ORDER BY created_at, episode_id"
-    )
+    ).fetchnumpy()
     np.testing.assert_array_equal(got["episode_id"], robot_dataset.episode_ids)
     np.testing.assert_array_equal(got["length"], [r.length for r in raw_episodes])
     np.testing.assert_allclose(got["return"], [r.reward.astype(np.float64).sum() for r in raw_episodes], rtol=1e-12)
@@ -84,18 +84,18 @@ def test_episodes_view_matches_raw(robot_dataset, raw_episodes):
     assert got["terminated"].tolist() == [r.terminated for r in raw_episodes]
     assert got["truncated"].tolist() == [r.truncated for r in raw_episodes]
     # list columns come back as arrays with the episode's time axis
-    state = robot_dataset.sql_numpy(
+    state = robot_dataset.sql(
         'SELECT "observation/state" AS s FROM episodes WHERE episode_id = ?', [int(robot_dataset.episode_ids[0])]
-    )["s"]
+    ).fetchnumpy()["s"]
     np.testing.assert_array_equal(state[0], raw_episodes[0].obs["state"])
 
 
 def test_steps_view_matches_raw(robot_dataset, raw_episodes):
-    got = robot_dataset.sql_numpy(
+    got = robot_dataset.sql(
         'SELECT s.episode_id, s.t, s."observation/state", s."next_observation/state", s.action, s.reward, '
         "s.terminated, s.truncated FROM steps s JOIN episodes e USING (episode_id) "
         "ORDER BY e.created_at, s.episode_id, t"
-    )
+    ).fetchnumpy()
     n = sum(r.length for r in raw_episodes)
     np.testing.assert_array_equal(
         got["episode_id"], np.repeat(robot_dataset.episode_ids, [r.length for r in raw_episodes])
@@ -336,7 +336,7 @@ def test_storage_encodings_show_true_values(tmp_path):
             }
         )
     ds = el.Dataset.from_episodes(eps, str(tmp_path / "enc"), schema=schema)
-    got = ds.sql_numpy('SELECT "observation/level", action, "extra/half" FROM steps ORDER BY episode_id, t')
+    got = ds.sql('SELECT "observation/level", action, "extra/half" FROM steps ORDER BY episode_id, t').fetchnumpy()
     np.testing.assert_array_equal(
         got["observation/level"], np.concatenate([e["observations"]["level"][:-1] for e in eps])
     )

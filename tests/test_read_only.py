@@ -50,16 +50,17 @@ def test_read_only_open_and_reads_write_nothing(frozen, capsys):
     want = sorted(r.obs["camera"].sum() for r in raws)
     assert sorted(int(s.all_obs.camera.sum()) for s in by_id.values()) == [int(w) for w in want]
     assert ds.history() and ds.refresh() is ds
-    assert ds.validate().ok
-    dry = ds.vacuum(dry_run=True, retention_hours=0)
+    assert ds.maintenance.validate().ok
+    dry = ds.maintenance.vacuum(dry_run=True, retention_hours=0)
     assert dry.table_files == [] and dry.tensor_arrays == [] and dry.truncated == []
     past = el.Dataset.open(path, version=1)
-    assert len(past) == 3 and past.read_only
+    assert len(past) == 3 and past.maintenance.read_only
     past.episode(0).read()
     assert main(["validate", path]) == 0
     assert main(["vacuum", path, "--dry-run"]) == 0
     capsys.readouterr()
-    for write in (lambda: ds.new_episode({}), lambda: ds.append_episodes([]), ds.compact, ds.vacuum):
+    writes = (lambda: ds.new_episode({}), lambda: ds.append_episodes([]), ds.maintenance.compact, ds.maintenance.vacuum)
+    for write in writes:
         with pytest.raises(el.ReadOnlyError):
             write()
     ds.close()
@@ -79,11 +80,11 @@ def query_and_sample(ds: el.Dataset, raws) -> None:
     segments = ds.segments(2)
     assert len(segments) == sum(max(r.length - 1, 0) + (r.length < 2) for r in raws)
     assert segments[0].reward.shape == (2,)
-    stream = ds.segment_stream(batch_size=4, sequence_length=2, seed=0)
+    stream = ds.segment_stream(2, batch_size=4, seed=0)
     assert stream.sample().reward.shape == (4, 2)
     stream.close()
     assert ds.sample_transitions(8, seed=0).reward.shape == (8,)
-    assert ds.validate().ok and ds.vacuum(dry_run=True, retention_hours=0).table_files == []
+    assert ds.maintenance.validate().ok and ds.maintenance.vacuum(dry_run=True, retention_hours=0).table_files == []
 
 
 def test_query_and_sampling_write_nothing(frozen):

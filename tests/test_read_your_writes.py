@@ -25,7 +25,7 @@ SEED = 11
 
 
 def segment_ids(ds: el.Dataset) -> set[int]:
-    stream = ds.segment_stream(sequence_length=1, batch_size=4, shuffle=False, prefetch=0)
+    stream = ds.segment_stream(1, batch_size=4, sampler=el.Sequential(), prefetch=0)
     try:
         return {int(i) for batch in stream for i in batch.episode_id}
     finally:
@@ -46,18 +46,18 @@ READS = {
     "episodes": lambda ds: len(list(ds.episodes())),
     "episode_ids": lambda ds: len(set(ds.episode_ids.tolist())),
     "sql": lambda ds: ds.sql("SELECT count(*) FROM episodes").fetchall()[0][0],
-    "sql_numpy": lambda ds: len(ds.sql_numpy("SELECT episode_id FROM episodes")["episode_id"]),
+    "sql fetchnumpy": lambda ds: len(ds.sql("SELECT episode_id FROM episodes").fetchnumpy()["episode_id"]),
     "steps view": lambda ds: ds.sql("SELECT count(DISTINCT episode_id) FROM steps").fetchall()[0][0],
     "where": lambda ds: len(ds.where("length > 0")),
     "stats": lambda ds: ds.stats()["length"]["count"],
     "segments": lambda ds: len({int(ds.segments(1)[i].episode_id) for i in range(len(ds.segments(1)))}),
     "segment_stream": lambda ds: len(segment_ids(ds)),
     "sample_transitions": lambda ds: 3 if len(ds.sample_transitions(8, seed=0).reward) == 8 else -1,
-    "sql_arrow": lambda ds: ds.sql_arrow("SELECT episode_id FROM episodes").num_rows,
+    "sql to_arrow_table": lambda ds: ds.sql("SELECT episode_id FROM episodes").to_arrow_table().num_rows,
     "select_episodes": lambda ds: len(ds.select_episodes("SELECT episode_id FROM episodes")),
     "episode_table": lambda ds: exporters.episode_table(ds).num_rows,
     "to_parquet": lambda ds: parquet_rows(ds),
-    "validate": lambda ds: ds.validate().episodes,
+    "maintenance validate": lambda ds: ds.maintenance.validate().episodes,
     "history": lambda ds: sum(h.get("operationMetrics", {}).get("num_added_rows", 0) for h in ds.history()),
 }
 

@@ -41,7 +41,7 @@ def healthy(tmp_path):
     """6 reference episodes in 3 commits, partitioned by task; validate() finds nothing."""
     path = str(tmp_path / "ds")
     build_robot_dataset(path, seed=7, episodes=6, per_commit=2, max_length=30)
-    assert el.Dataset.open(path).validate().ok
+    assert el.Dataset.open(path).maintenance.validate().ok
     return path
 
 
@@ -92,7 +92,7 @@ DAMAGE = {
 def test_validate_reports_each_kind_of_damage_naming_the_episode(healthy, damage, capsys):
     change, kinds = DAMAGE[damage]
     eid = rewrite_rows(healthy, change)
-    problems = el.Dataset.open(healthy).validate().problems
+    problems = el.Dataset.open(healthy).maintenance.validate().problems
     assert {p.kind for p in problems} == kinds, [str(p) for p in problems]
     assert {p.episode_id for p in problems} == {eid}
     if damage == "return":
@@ -129,7 +129,7 @@ def test_long_alias_names_are_the_short_ones():
     for k in ("state", "camera"):  # and they hold the episode's data, not merely each other
         np.testing.assert_array_equal(seg.all_observations[k], want[k])
         np.testing.assert_array_equal(seg.next_observation[k], want[k][1:])
-    assert_aliases(ds.segment_stream(sequence_length=3, batch_size=5, seed=0, prefetch=0).sample())
+    assert_aliases(ds.segment_stream(3, batch_size=5, seed=0, prefetch=0).sample())
     assert_aliases(ds.segments(3)[2])
     # a role of one field unwraps to the array under every name
     schema = el.DatasetSchema(
@@ -298,7 +298,7 @@ def test_copy_to_fails_when_the_written_copy_differs(tmp_path, monkeypatch, caps
     with pytest.raises(el.CorruptionError, match=f"episode {first} field 'observation/camera' fails its CRC-32"):
         src.copy_to(str(tmp_path / "a"), progress=False)
     unchecked = src.copy_to(str(tmp_path / "b"), progress=False, verify=False)  # the same copy, unverified
-    problems = unchecked.validate().problems  # the flipped byte: a CRC-32 and a statistics mismatch
+    problems = unchecked.maintenance.validate().problems  # the flipped byte: a CRC-32 and a statistics mismatch
     assert {(p.kind, p.episode_id) for p in problems} == {("checksum", first), ("stats", first)}
     assert main(["copy", path, str(tmp_path / "c"), "--quiet"]) == 1
     err = capsys.readouterr().err.strip()
@@ -327,7 +327,7 @@ def test_demo_without_a_path_writes_episodelake_demo_in_the_working_directory(tm
     assert "collected 3 episodes" in capsys.readouterr().out
     assert os.listdir(tmp_path) == ["episodelake-demo"]
     ds = el.Dataset.open(str(tmp_path / "episodelake-demo"))
-    assert len(ds) == 3 and ds.validate().ok
+    assert len(ds) == 3 and ds.maintenance.validate().ok
 
 
 def test_every_command_takes_storage_options():
@@ -348,7 +348,7 @@ def test_demo_on_s3_with_options(s3_server, s3_url, capsys):
     assert main(["demo", s3_url, "--episodes", "3", "--options", json.dumps(opts)]) == 0
     assert f"into {s3_url}" in capsys.readouterr().out
     ds = el.Dataset.open(s3_url, storage_options=opts)
-    assert len(ds) == 3 and ds.validate().ok
+    assert len(ds) == 3 and ds.maintenance.validate().ok
 
 
 def test_stats_need_no_pass_over_the_tensors(tmp_path):

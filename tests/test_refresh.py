@@ -85,7 +85,7 @@ def keys(batch) -> list[tuple[int, int]]:
 
 def test_refresh_takes_in_new_episodes_and_equals_a_fresh_stream(pair):
     writer, learner = pair
-    stream = learner.segment_stream(sequence_length=L, batch_size=16, seed=3)
+    stream = learner.segment_stream(L, batch_size=16, seed=3)
     for _ in range(3):
         stream.sample()
     assert stream.refresh() is False  # nothing new: nothing changes
@@ -94,7 +94,7 @@ def test_refresh_takes_in_new_episodes_and_equals_a_fresh_stream(pair):
     assert len(stream.index) == segments_of(range(15))
     state = stream.state_dict()
     assert state["version"] == writer.version == stream.version
-    fresh = reopen(learner).segment_stream(sequence_length=L, batch_size=16, seed=3)
+    fresh = reopen(learner).segment_stream(L, batch_size=16, seed=3)
     fresh.load_state_dict(state)  # same episodes, same fingerprint: an extended index equals a built one
     for _ in range(5):
         mine, theirs = stream.sample(), fresh.sample()
@@ -110,8 +110,8 @@ def test_refresh_takes_in_new_episodes_and_equals_a_fresh_stream(pair):
 
 def test_streams_that_saw_the_same_versions_draw_the_same_batches(pair):
     writer, learner = pair
-    a = learner.segment_stream(sequence_length=L, batch_size=8, seed=5, prefetch=2)
-    b = reopen(learner).segment_stream(sequence_length=L, batch_size=8, seed=5, prefetch=0)
+    a = learner.segment_stream(L, batch_size=8, seed=5, prefetch=2)
+    b = reopen(learner).segment_stream(L, batch_size=8, seed=5, prefetch=0)
     drawn_a, drawn_b = [keys(a.sample())], [keys(b.sample())]
     write(writer, [10, 11])
     a.refresh(), b.refresh()
@@ -122,7 +122,7 @@ def test_streams_that_saw_the_same_versions_draw_the_same_batches(pair):
 
 def test_follow_takes_in_each_commit_before_the_next_batch(pair):
     writer, learner = pair
-    stream = learner.segment_stream(sequence_length=L, batch_size=4, seed=0, follow=True)
+    stream = learner.segment_stream(L, batch_size=4, seed=0, follow=True)
     for n in range(11, 14):
         write(writer, [n - 1])
         stream.sample()
@@ -132,7 +132,7 @@ def test_follow_takes_in_each_commit_before_the_next_batch(pair):
 
 def test_prioritized_refresh_keeps_priorities_and_starts_new_items_at_the_max(pair):
     writer, learner = pair
-    stream = learner.segment_stream(sequence_length=L, batch_size=32, seed=1, priority=1.0, alpha=ALPHA)
+    stream = learner.segment_stream(L, batch_size=32, seed=1, sampler=el.Prioritized(1.0, alpha=ALPHA))
     batch = stream.sample()
     slots = np.unique(batch.indices)
     given = np.linspace(0.5, 7.0, len(slots))
@@ -153,7 +153,7 @@ def test_prioritized_refresh_keeps_priorities_and_starts_new_items_at_the_max(pa
 
 def test_refresh_after_a_delete_rebuilds_and_keeps_remaining_priorities(pair):
     writer, learner = pair
-    stream = learner.segment_stream(sequence_length=L, batch_size=8, seed=2, priority=1.0, alpha=ALPHA)
+    stream = learner.segment_stream(L, batch_size=8, seed=2, sampler=el.Prioritized(1.0, alpha=ALPHA))
     stream.sample()
     ids = writer.episode_ids
     first = segments_of([0])
@@ -174,7 +174,7 @@ def test_refresh_after_a_delete_rebuilds_and_keeps_remaining_priorities(pair):
 
 def test_refresh_with_where_and_weights_reselects(pair):
     writer, learner = pair
-    stream = learner.segment_stream(sequence_length=L, batch_size=8, seed=2, where="length >= 4", weights="length")
+    stream = learner.segment_stream(L, batch_size=8, seed=2, where="length >= 4", sampler=el.Weighted("length"))
     write(writer, range(10, 14))
     stream.refresh()
     assert len(stream.index) == segments_of([k for k in range(14) if length_of(k) >= 4])
@@ -186,13 +186,13 @@ def test_refresh_with_where_and_weights_reselects(pair):
 def test_refresh_and_follow_refuse_what_cannot_follow(pair):
     _, learner = pair
     with pytest.raises(el.ArgumentError, match="pinned view"):
-        learner.where("length > 2").segment_stream(sequence_length=L).refresh()
+        learner.where("length > 2").segment_stream(L).refresh()
     with pytest.raises(el.ArgumentError, match="follow"):
-        learner.segment_stream(sequence_length=L, replacement=False, follow=True)
+        learner.segment_stream(L, sampler=el.Uniform(replacement=False), follow=True)
     with pytest.raises(el.ArgumentError, match="refresh applies"):
-        learner.segment_stream(sequence_length=L, shuffle=False).refresh()
+        learner.segment_stream(L, sampler=el.Sequential()).refresh()
     with pytest.raises(el.ArgumentError, match="follow must be a bool"):
-        learner.segment_stream(sequence_length=L, follow=1)
+        learner.segment_stream(L, follow=1)
 
 
 # ---- background compaction
@@ -223,7 +223,7 @@ def test_a_commit_does_not_wait_for_the_compaction_it_triggered(tmp_path, monkey
     reopened = el.Dataset.open(str(tmp_path / "ds"))
     assert len(reopened._store.table.file_uris()) < files_before
     assert any(h.get("operation") == "COMPACT" for h in reopened.history())
-    assert len(reopened) == table_mod.COMPACT_EVERY + 3 and reopened.validate().ok
+    assert len(reopened) == table_mod.COMPACT_EVERY + 3 and reopened.maintenance.validate().ok
 
 
 def test_a_compaction_running_at_exit_is_joined(tmp_path):
@@ -247,7 +247,7 @@ def test_a_compaction_running_at_exit_is_joined(tmp_path):
     assert any(h.get("operation") == "COMPACT" for h in ds.history())
     lock = ds.location.child(*layout.compact_lock_parts())
     assert not Path(lock).exists()  # released: the compaction ran to its end before the interpreter went
-    assert len(ds) == table_mod.COMPACT_EVERY and ds.validate().ok
+    assert len(ds) == table_mod.COMPACT_EVERY and ds.maintenance.validate().ok
 
 
 # ---- growable arrays (what a grown snapshot's columns are)
@@ -273,11 +273,11 @@ def test_a_learner_behind_a_cleaned_up_log_still_refreshes(pair):
     writer, learner = pair
     if not writer.location.is_local:
         pytest.skip("the no-op check that a cleaned-up log could fool is the local-disk one")
-    stream = learner.segment_stream(sequence_length=L, batch_size=4, seed=0)
+    stream = learner.segment_stream(L, batch_size=4, seed=0)
     behind = learner.version
     write(writer, [10])
     write(writer, [11])
-    writer.compact()  # writes a checkpoint at the latest version
+    writer.maintenance.compact()  # writes a checkpoint at the latest version
     log = Path(writer.location.child(*layout.log_parts()))
     (log / f"{behind + 1:020d}.json").unlink()  # what Delta's log cleanup does to entries behind a checkpoint
     assert stream.refresh()

@@ -159,7 +159,7 @@ def test_time_travel_and_reopen(tmp_path):
     for k, v in enumerate(versions):
         old = el.Dataset.open(path, version=v)
         assert len(old) == k
-        assert old.read_only
+        assert old.maintenance.read_only
         if k:
             assert old.episode(k - 1).read().all_obs[0, 0] == k - 1
         with pytest.raises(el.ReadOnlyError):

@@ -72,7 +72,7 @@ def test_one_table_scan_serves_where_the_index_meta_and_refs(partitioned):
 def test_small_per_step_fields_load_lazily_once_each(partitioned):
     path, raws = partitioned
     ds, counter = counted(path)
-    stream = ds.segment_stream(sequence_length=2, batch_size=4, prefetch=0, seed=0)
+    stream = ds.segment_stream(2, batch_size=4, prefetch=0, seed=0)
     batches = iter(stream)
     next(batches)
     table_fields = {f.key for f in ds.schema.step_fields if not f.in_tensor}
@@ -153,7 +153,7 @@ def test_a_newer_snapshot_reads_only_the_files_added_since(tmp_path):
     assert [ds.episode(i).meta["task"] for i in range(len(everything))] == [r.meta["task"] for r in everything]
     assert_same_index(ds, el.Dataset.open(path))
     assert_stats_equal(ds.stats(), everything)
-    ds.compact()  # files removed: the next snapshot scans everything again
+    ds.maintenance.compact()  # files removed: the next snapshot scans everything again
     assert ds.snapshot().scan().kept == 0
     assert_same_index(ds, el.Dataset.open(path))
 

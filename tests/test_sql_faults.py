@@ -38,14 +38,14 @@ ENTRY_POINTS = {
     "sql to_arrow_table": lambda ds: ds.sql("SELECT sum(reward) AS r FROM steps").to_arrow_table(),
     "sql command": lambda ds: ds.sql("CREATE TEMP TABLE t AS SELECT * FROM episodes"),
     "sandboxed sql": lambda ds: ds.sql("SELECT * FROM episodes", sandbox=True).fetchall(),
-    "sql_arrow": lambda ds: ds.sql_arrow("SELECT * FROM episodes"),
-    "sql_numpy": lambda ds: ds.sql_numpy('SELECT "stats/reward/sum" FROM episodes'),
+    "sql to_arrow_table *": lambda ds: ds.sql("SELECT * FROM episodes").to_arrow_table(),
+    "sql fetchnumpy of statistics": lambda ds: ds.sql('SELECT "stats/reward/sum" FROM episodes').fetchnumpy(),
     "where": lambda ds: ds.where("success"),
     "where over steps": lambda ds: ds.where("list_max(reward) > 0"),
     "select_episodes": lambda ds: ds.select_episodes("SELECT episode_id FROM steps WHERE reward > 0"),
     "stats": lambda ds: ds.stats(),
-    "weights": lambda ds: next(iter(ds.segment_stream(sequence_length=2, batch_size=4, weights="length"))),
-    "priority": lambda ds: next(iter(ds.segment_stream(sequence_length=2, batch_size=4, priority="1 + length"))),
+    "weights": lambda ds: next(iter(ds.segment_stream(2, batch_size=4, sampler=el.Weighted("length")))),
+    "priority": lambda ds: next(iter(ds.segment_stream(2, batch_size=4, sampler=el.Prioritized("1 + length")))),
 }
 
 
@@ -123,7 +123,7 @@ def test_sql_on_a_dead_endpoint_is_storage_error(s3_server, s3_url):
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )
     assert run.returncode == 0, run.stdout + run.stderr
-    assert run.stdout.split("\n")[:3] == [f"{call} StorageError {s3_url}" for call in ("fetch", "sql_numpy", "where")]
+    assert run.stdout.split("\n")[:3] == [f"{call} StorageError {s3_url}" for call in ("fetch", "fetchnumpy", "where")]
 
 
 REWRITE = textwrap.dedent(
@@ -131,8 +131,8 @@ REWRITE = textwrap.dedent(
     import sys
     import episodelake as el
     ds = el.Dataset.open(sys.argv[1])
-    ds.compact()
-    report = ds.vacuum(retention_hours=0, break_old_versions=True)
+    ds.maintenance.compact()
+    report = ds.maintenance.vacuum(retention_hours=0, break_old_versions=True)
     print(ds.version, len(report.table_files), flush=True)
     """
 )
@@ -201,8 +201,8 @@ LOCKSTEP = textwrap.dedent(
     for i, line in enumerate(sys.stdin):  # one round per "go" from the reader
         ds.append_episodes([random_episode(np.random.default_rng(i), 3 + i % 5).as_dict(unwrap_action=True)])
         ds.flush()
-        ds.compact()
-        report = ds.vacuum(retention_hours=0, break_old_versions=True)
+        ds.maintenance.compact()
+        report = ds.maintenance.vacuum(retention_hours=0, break_old_versions=True)
         print(ds.version, len(report.table_files), flush=True)
     """
 )

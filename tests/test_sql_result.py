@@ -29,7 +29,7 @@ def recorded(tmp_path_factory):
 
 
 def _want(ds, raws) -> list[tuple]:
-    ids = ds.sql_numpy("SELECT episode_id FROM episodes ORDER BY created_at, episode_id")["episode_id"]
+    ids = ds.sql("SELECT episode_id FROM episodes ORDER BY created_at, episode_id").fetchnumpy()["episode_id"]
     return [(int(i), r.length, r.meta["task"], r.meta["success"]) for i, r in zip(ids, raws, strict=True)]
 
 

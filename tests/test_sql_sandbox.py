@@ -1,6 +1,6 @@
 """SQL that comes from configs, command lines or a web page reads nothing but the dataset.
 
-``where()``, ``select_episodes()``, ``weights=``/``priority=`` SQL, ``delete(where=)``
+``where()``, ``select_episodes()``, ``el.Weighted``/``el.Prioritized`` SQL, ``delete(where=)``
 and ``sql(..., sandbox=True)`` run in a DuckDB database without external access
 (docs/query.md, "Sandboxed SQL"): each attempt to read a file, a glob, a Python
 variable, or to write, attach, install, load or reconfigure must be refused as
@@ -43,7 +43,7 @@ def ds(recorded):
     root, raws = recorded
     ds = el.Dataset.open(str(root / "ds"), read_only=True)
     # episode order is commit order for one writer: the reference episodes line up with positions
-    lengths = ds.sql_numpy('SELECT length FROM episodes ORDER BY created_at, episode_id')["length"]
+    lengths = ds.sql('SELECT length FROM episodes ORDER BY created_at, episode_id').fetchnumpy()["length"]
     assert lengths.tolist() == [r.length for r in raws]
     return ds
 
@@ -66,9 +66,9 @@ def _reads(root: Path, ds: el.Dataset) -> dict[str, str]:
 READ_KINDS = ["read_text", "read_csv", "read_parquet", "path as table", "glob", "read_json", "python variable"]
 
 
-def _first(ds: el.Dataset, **sampling) -> object:
-    """The first batch of a small stream drawn with ``sampling`` (weights=, priority=)."""
-    return next(iter(ds.segment_stream(sequence_length=2, batch_size=4, **sampling)))
+def _first(ds: el.Dataset, sampler: object, seed: int | None = None) -> object:
+    """The first batch of a small stream drawn by ``sampler`` (``el.Weighted``, ``el.Prioritized``)."""
+    return next(iter(ds.segment_stream(2, batch_size=4, sampler=sampler, seed=seed)))
 
 
 def _refused(call) -> el.QueryError:
@@ -97,12 +97,12 @@ def test_select_episodes_weights_priority_and_sandboxed_sql_read_nothing_else(re
     sub = f"(SELECT count(*) FROM {source})"
     calls = {
         "select_episodes": lambda: ds.select_episodes(f"SELECT episode_id FROM episodes WHERE {sub} > 0"),
-        "weights expression": lambda: _first(ds, weights=f"1 + {sub}"),
-        "weights query": lambda: _first(ds, weights=f"SELECT episode_id, {sub} AS weight FROM episodes"),
-        "priority": lambda: _first(ds, priority=f"1 + {sub}"),
-        "transition priority": lambda: ds.sample_transitions(4, priority=f"1 + {sub}"),
+        "weights expression": lambda: _first(ds, el.Weighted(f"1 + {sub}")),
+        "weights query": lambda: _first(ds, el.Weighted(f"SELECT episode_id, {sub} AS weight FROM episodes")),
+        "priority": lambda: _first(ds, el.Prioritized(f"1 + {sub}")),
+        "transition priority": lambda: ds.sample_transitions(4, sampler=el.Prioritized(f"1 + {sub}")),
         "sql sandbox": lambda: ds.sql(f"SELECT * FROM {source}", sandbox=True).fetchall(),
-        "sql_arrow sandbox": lambda: ds.sql_arrow(f"SELECT {sub} AS n", sandbox=True),
+        "sql to_arrow_table sandbox": lambda: ds.sql(f"SELECT {sub} AS n", sandbox=True).to_arrow_table(),
     }
     for name, call in calls.items():
         err = _refused(call)
@@ -180,7 +180,7 @@ def test_legitimate_predicates_select_what_numpy_selects(recorded, ds, predicate
     ids = ds.episode_ids[want]
     same = ds.select_episodes(f"SELECT episode_id FROM episodes WHERE {predicate}")
     assert same.episode_ids.tolist() == ids.tolist()
-    got = ds.sql_numpy(f"SELECT episode_id FROM episodes WHERE {predicate}", sandbox=True)["episode_id"]
+    got = ds.sql(f"SELECT episode_id FROM episodes WHERE {predicate}", sandbox=True).fetchnumpy()["episode_id"]
     assert sorted(got.tolist()) == sorted(ids.tolist())
 
 
@@ -188,10 +188,10 @@ def test_sandboxed_weights_and_priority_still_weigh(recorded, ds):
     _, raws = recorded
     picks = {int(ds.episode_ids[i]) for i, r in enumerate(raws) if r.meta["task"] == "pick"}
     assert 0 < len(picks) < len(raws)
-    weighted = _first(ds, seed=3, weights="CASE WHEN task = 'pick' THEN 1 ELSE 0 END")
+    weighted = _first(ds, el.Weighted("CASE WHEN task = 'pick' THEN 1 ELSE 0 END"), seed=3)
     assert set(weighted.episode_id.tolist()) <= picks
     query = "SELECT episode_id, CAST(task = 'pick' AS DOUBLE) AS weight FROM episodes"
-    prioritized = _first(ds, seed=3, priority=query)
+    prioritized = _first(ds, el.Prioritized(query), seed=3)
     assert set(prioritized.episode_id.tolist()) <= picks
 
 

@@ -136,7 +136,7 @@ def test_stats_of_a_dataset_written_by_0_1_0(old_release, tmp_path):
     mixed = el.Dataset.open(path)
     assert_stats_equal(mixed.stats(), raws + more)
     check_subset(mixed, raws + more, [i % 2 == 1 for i in range(42)], None)
-    mixed.compact()
+    mixed.maintenance.compact()
     assert_stats_equal(el.Dataset.open(path).stats(), raws + more)
 
 

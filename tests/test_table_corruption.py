@@ -26,15 +26,15 @@ def _fetch(rel) -> object:
 ENTRY_POINTS = {
     "sql": lambda ds: _fetch(ds.sql("SELECT count(*) FROM episodes")),
     "sql-steps": lambda ds: _fetch(ds.sql("SELECT sum(reward) FROM steps")),
-    "sql_arrow": lambda ds: ds.sql_arrow("SELECT episode_id, length FROM episodes"),
-    "sql_numpy": lambda ds: ds.sql_numpy("SELECT episode_id FROM episodes"),
+    "sql to_arrow_table": lambda ds: ds.sql("SELECT episode_id, length FROM episodes").to_arrow_table(),
+    "sql fetchnumpy": lambda ds: ds.sql("SELECT episode_id FROM episodes").fetchnumpy(),
     "where": lambda ds: ds.where("success"),
     "select_episodes": lambda ds: ds.select_episodes("SELECT episode_id FROM episodes"),
     "stats": lambda ds: ds.stats(),
     "episode read": lambda ds: ds.episode(0).read(),
     "len": lambda ds: len(ds),
     "segments": lambda ds: ds.segments(2)[0],
-    "segment_stream": lambda ds: next(iter(ds.segment_stream(sequence_length=2, batch_size=4, prefetch=0))),
+    "segment_stream": lambda ds: next(iter(ds.segment_stream(2, batch_size=4, prefetch=0))),
 }
 
 
@@ -86,13 +86,13 @@ def test_damage_after_the_first_query_is_caught_at_fetch(pristine, tmp_path):
     root = tmp_path / "ds"
     shutil.copytree(pristine, root)
     ds = el.Dataset.open(str(root), read_only=True)
-    assert ds.sql_numpy("SELECT count(*) AS n FROM episodes")["n"][0] == 16
+    assert ds.sql("SELECT count(*) AS n FROM episodes").fetchnumpy()["n"][0] == 16
     victim = sorted((root / "episodes").glob("task=*/*.parquet"))[0]
     os.truncate(victim, 100)
-    for call in (ENTRY_POINTS["sql_arrow"], ENTRY_POINTS["where"], ENTRY_POINTS["select_episodes"]):
+    for call in (ENTRY_POINTS["sql to_arrow_table"], ENTRY_POINTS["where"], ENTRY_POINTS["select_episodes"]):
         with pytest.raises(el.CorruptionError) as info:
             call(ds)
         assert victim.name in str(info.value)
     # a query error is still a QueryError, not corruption
     with pytest.raises(el.QueryError):
-        ds.sql_arrow("SELECT nope FROM episodes")
+        ds.sql("SELECT nope FROM episodes").to_arrow_table()

@@ -81,8 +81,8 @@ def test_a_delete_in_flight_keeps_its_new_table_file_through_vacuum(kind, tmp_pa
     in_flight = loc.child("episodes", new)
 
     for report in (
-        el.Dataset.open(path, storage_options=options).vacuum(retention_hours=0, break_old_versions=True),
-        el.Dataset.open(path, storage_options=options).vacuum(retention_hours=1),
+        el.Dataset.open(path, storage_options=options).maintenance.vacuum(retention_hours=0, break_old_versions=True),
+        el.Dataset.open(path, storage_options=options).maintenance.vacuum(retention_hours=1),
     ):
         assert in_flight not in report.table_files and report.tensor_arrays == []
         assert loc.fs.exists(in_flight)
@@ -98,7 +98,7 @@ def test_a_delete_in_flight_keeps_its_new_table_file_through_vacuum(kind, tmp_pa
     assert live_numbers(fresh) == [n for n in range(8) if n != 5]
     for ref in fresh.episodes():
         check_episode(ref)
-    assert fresh.validate().ok
+    assert fresh.maintenance.validate().ok
 
 
 def test_a_commit_in_flight_keeps_its_tensor_arrays_through_vacuum(tmp_path, monkeypatch):
@@ -128,7 +128,7 @@ def test_a_commit_in_flight_keeps_its_tensor_arrays_through_vacuum(tmp_path, mon
         newest = max(int(c) for c in os.listdir(tmp_path / "ds" / "tensors" / writer_name) if c.isdigit())
         arrays = tmp_path / "ds" / "tensors" / writer_name / str(newest)
         before = tree_digest(str(arrays))
-        report = el.Dataset.open(path).vacuum(retention_hours=0, break_old_versions=True)
+        report = el.Dataset.open(path).maintenance.vacuum(retention_hours=0, break_old_versions=True)
         assert not any(p.startswith(str(arrays)) for p in report.tensor_arrays)
         assert report.tensor_arrays  # evicted commits did go: the vacuum was not a no-op
         assert tree_digest(str(arrays)) == before
@@ -140,7 +140,7 @@ def test_a_commit_in_flight_keeps_its_tensor_arrays_through_vacuum(tmp_path, mon
     assert live_numbers(fresh) == model.numbers
     for ref in fresh.episodes():
         check_episode(ref)
-    assert fresh.validate().ok
+    assert fresh.maintenance.validate().ok
 
 
 def test_unreferenced_data_goes_only_past_the_floor(tmp_path):
@@ -154,11 +154,11 @@ def test_unreferenced_data_goes_only_past_the_floor(tmp_path):
     lone = tmp_path / "ds" / "tensors" / "0badc0de" / "observation" / "camera"
     lone.mkdir(parents=True)
     (lone / "zarr.json").write_text("{}")
-    young = ds.vacuum(retention_hours=0, break_old_versions=True)
+    young = ds.maintenance.vacuum(retention_hours=0, break_old_versions=True)
     assert (young.table_files, young.tensor_arrays) == ([], [])
     assert stray.exists() and lone.exists()
     age_files(str(tmp_path / "ds"), hours=1.5)
-    old = ds.vacuum(retention_hours=1)
+    old = ds.maintenance.vacuum(retention_hours=1)
     assert old.table_files == [str(stray)] and old.tensor_arrays == [str(tmp_path / "ds" / "tensors" / "0badc0de")]
     assert not stray.exists() and not lone.exists()
     assert live_numbers(el.Dataset.open(path)) == [0, 1, 2]
@@ -169,15 +169,17 @@ def test_a_retention_below_one_hour_needs_the_override(tmp_path, monkeypatch):
     ds = el.Dataset.create(schema(), path, commit_episodes=10**6)
     write(ds, range(0, 4))
     ds.delete(where="n = 1")
-    ds.compact()
+    ds.maintenance.compact()
     before = tree_digest(path)
     for hours in (0, 0.5):
         with pytest.raises(el.ArgumentError, match=r"below the safe minimum of 1 h.*time travel.*break_old_versions"):
-            ds.vacuum(retention_hours=hours)
+            ds.maintenance.vacuum(retention_hours=hours)
     assert tree_digest(path) == before
-    assert ds.vacuum(dry_run=True, retention_hours=0).table_files  # a dry run risks nothing: no override needed
+    # a dry run risks nothing: no override needed
+    assert ds.maintenance.vacuum(dry_run=True, retention_hours=0).table_files
     assert tree_digest(path) == before
-    assert ds.vacuum(retention_hours=1).table_files == []  # the minimum itself is allowed; nothing is 1 h old
+    # the minimum itself is allowed; nothing is 1 h old
+    assert ds.maintenance.vacuum(retention_hours=1).table_files == []
     with pytest.raises(el.ArgumentError, match="break_old_versions"):
         el.Capacity(steps=10, retention_hours=0)
     assert el.Capacity(steps=10, retention_hours=0, break_old_versions=True).retention_hours == 0
@@ -252,11 +254,11 @@ def test_a_failed_background_compaction_warns_once_and_the_next_compact_raises_i
     assert len([w for w in caught if "background compaction" in str(w.message)]) == 1
     assert all("Traceback" not in str(w.message) for w in caught)
     with pytest.raises(el.CorruptionError, match="cannot be read") as first:
-        ds.compact()
+        ds.maintenance.compact()
     assert "background compaction" in " ".join(getattr(first.value, "__notes__", []))
     assert first.value.__cause__ is not None  # chained to deltalake's error
     with pytest.raises(el.CorruptionError) as second:  # a compaction of its own, failing on the same file
-        ds.compact()
+        ds.maintenance.compact()
     assert not getattr(second.value, "__notes__", [])
 
 
@@ -300,15 +302,15 @@ def _worker(role: str, plain: str, capacity: str, options: dict | None, truth: s
         handles = [el.Dataset.open(p, storage_options=options) for p in (plain, capacity)]
         for _ in range(iterations):
             for ds in handles:
-                ds.compact()
+                ds.maintenance.compact()
     elif role == "vacuumer":
         handles = [el.Dataset.open(p, storage_options=options) for p in (plain, capacity)]
         for i in range(iterations):
             for ds in handles:
                 if i % 3 == 2:
-                    ds.vacuum(retention_hours=1)
+                    ds.maintenance.vacuum(retention_hours=1)
                 else:
-                    ds.vacuum(retention_hours=0, break_old_versions=True)
+                    ds.maintenance.vacuum(retention_hours=0, break_old_versions=True)
     elif role == "check":
         appended: dict[str, list[int]] = {"plain": [], "capacity": []}
         deleted: set[int] = set()
@@ -327,7 +329,7 @@ def _worker(role: str, plain: str, capacity: str, options: dict | None, truth: s
             assert live_numbers(ds) == want, (path, live_numbers(ds), want)
             for ref in ds.episodes():
                 check_episode(ref)
-            report = ds.validate()
+            report = ds.maintenance.validate()
             assert report.ok, [str(p) for p in report.problems[:5]]
         print(f"checked {len(appended['plain'])} + {len(appended['capacity'])} episodes", flush=True)
     else:

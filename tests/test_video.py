@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 
 import episodelake as el
 from episodelake.core import codecs
+from episodelake.storage.arrays import tensors_size
 from episodelake.storage.location import resolve
 from episodelake.storage.store import Store
-from episodelake.storage.tensors import tensors_size
 
 from .test_codecs import camera_schema, episode, frames_of, smooth_frames, write
 
@@ -78,7 +78,8 @@ def test_random_segments_equal_whole_episode_reads(tmp_path, codec):
     raw = [smooth_frames(rng, n + 1, 32, 33) for n in (6, 12, 3, 17, 9, 4, 11, 8, 13, 2)]
     schema = camera_schema((32, 33, 3), codec=codec, chunk_rows=5)
     ds = write(str(tmp_path / "ds"), schema, [episode(r) for r in raw], commits=5)
-    assert ds.validate().problems == []  # CRCs computed at write of earlier commits still match after appends
+    # CRCs computed at write of earlier commits still match after appends
+    assert ds.maintenance.validate().problems == []
     whole = dict(zip(ds.episode_ids.tolist(), frames_of(ds), strict=True))
     for r, g in zip(raw, whole.values(), strict=True):
         assert min(codecs.psnr(a, b) for a, b in zip(r, g, strict=True)) >= codecs.psnr_floor(
@@ -87,7 +88,7 @@ def test_random_segments_equal_whole_episode_reads(tmp_path, codec):
     for warm in (False, True):
         if not warm:
             codecs.decoded_cache.clear()
-        stream = el.Dataset.open(str(tmp_path / "ds")).segment_stream(sequence_length=6, batch_size=16, seed=7)
+        stream = el.Dataset.open(str(tmp_path / "ds")).segment_stream(6, batch_size=16, seed=7)
         seen = 0
         for batch, _i in zip(stream, range(4), strict=False):
             for b, (eid, start) in enumerate(zip(batch.episode_id.tolist(), batch.start.tolist(), strict=True)):
@@ -111,7 +112,7 @@ def test_copy_to_video_and_back(tmp_path):
     stats = video.stats(["observation/camera"])["observation/camera"]
     np.testing.assert_array_equal(stats["min"], np.concatenate(got).min(axis=(0, 1, 2)))
     assert [zlib.crc32(g.data) for g in got] == [int(c) for c in video.snapshot().index["crc/observation/camera"]]
-    assert video.validate().problems == []
+    assert video.maintenance.validate().problems == []
     assert tensors_size(video.location) * 10 < tensors_size(src.location)
     writer = str(video.snapshot().index["writer"][0])
     meta = json.loads((tmp_path / "h264" / "tensors" / writer / "observation" / "camera" / "zarr.json").read_text())
@@ -146,13 +147,13 @@ def test_vacuum_counts_lost_frames_inside_a_gop_and_never_cuts_them(tmp_path):
     f, writer = store.schema["observation/camera"], str(ds.snapshot().index["writer"][0])
     orphan = store.open_array(writer, f, read_only=False)
     orphan.append_block(smooth_frames(rng, 7, 32, 32))[1].result()  # a lost commit, into the partly filled GOP
-    report = el.Dataset.open(path).vacuum(retention_hours=1)
+    report = el.Dataset.open(path).maintenance.vacuum(retention_hours=1)
     assert report.unreferenced_rows == report.unreclaimed_rows == 7  # counted; vacuum never cuts a writer's array
     assert store.open_array(writer, f).rows == 23
     fresh = el.Dataset.open(path)
     for a, b in zip(before, frames_of(fresh), strict=True):
         np.testing.assert_array_equal(a, b)
-    assert fresh.validate().problems == []
+    assert fresh.maintenance.validate().problems == []
 
 
 def test_zarr_python_without_registration_names_the_video_codec(tmp_path):

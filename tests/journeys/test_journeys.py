@@ -39,7 +39,7 @@ def check_recording(ds: el.Dataset, truth: list[dict]) -> None:
     for t in truth:
         theirs[t["env_index"]].append(t)
     assert sorted(mine) == sorted(theirs)
-    table = ds.sql_arrow('SELECT episode_id, "return" AS r FROM episodes').to_pydict()
+    table = ds.sql('SELECT episode_id, "return" AS r FROM episodes').to_arrow_table().to_pydict()
     returns = dict(zip(table["episode_id"], table["r"], strict=True))
     success_ids = set()
     for i in theirs:

@@ -41,11 +41,11 @@ def test_actor_with_eviction_and_prioritized_learner(tmp_path):
     ds = el.Dataset.open(str(tmp_path / "ds"))
     assert result["version"] <= ds.version
     model = fifo_model(commits)
-    live = [int(k) for k in ds.sql_numpy("SELECT k FROM episodes ORDER BY created_at, episode_id")["k"]]
+    live = [int(k) for k in ds.sql("SELECT k FROM episodes ORDER BY created_at, episode_id").fetchnumpy()["k"]]
     assert live == model
     for ep in ds.episodes():  # every live episode whole, as written
         k = int(ep.meta["k"])
         assert ep.length == 2 + (3 * k) % 9
         np.testing.assert_array_equal(ep.read().all_obs[:, 0], 100 * k + np.arange(ep.length + 1))
     assert ds.num_steps <= STEPS and len(ds) <= EPISODES
-    assert ds.validate().ok
+    assert ds.maintenance.validate().ok

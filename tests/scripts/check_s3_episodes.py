@@ -19,7 +19,7 @@ def main(url: str, options: str, seed: str, count: str, n: str) -> None:
     eps = make_episodes(int(seed), int(count))[: int(n)]
     ds = el.Dataset.open(url, storage_options=json.loads(options), read_only=True)
     assert len(ds) == len(eps), f"{len(ds)} episodes, want {len(eps)}"
-    assert not ds.validate().problems, ds.validate().problems
+    assert not ds.maintenance.validate().problems, ds.maintenance.validate().problems
     for i, raw in enumerate(eps):
         assert_episode(ds.episode(i), raw)
     print(f"ok {len(eps)}")

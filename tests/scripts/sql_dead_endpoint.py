@@ -25,7 +25,7 @@ def main(url: str, options: dict) -> int:
         proxy.set_down(True)
         calls = {
             "fetch": pending.fetchall,
-            "sql_numpy": lambda: reader.sql_numpy('SELECT "observation/state" FROM episodes'),
+            "fetchnumpy": lambda: reader.sql('SELECT "observation/state" FROM episodes').fetchnumpy(),
             "where": lambda: reader.where("list_max(reward) > 0"),
         }
         for name, call in calls.items():
