@@ -370,7 +370,7 @@ class ConcatView:
         else:
             sizes = [len(v) for v in views]
         probs = check_probs(self.weights, sizes)
-        options = dict(
+        options: dict[str, Any] = dict(
             batch_size=B,
             sampler=strategy,
             shard=shard,
