@@ -154,7 +154,7 @@ def test_index_rejects_bad_arguments():
 @pytest.mark.parametrize("L", [1, 4, 9])
 def test_every_segment_matches_reference(lake, pad, L):
     ds, raw = lake
-    segs = ds.segments(L, pad=pad)
+    segs = ds.segments(el.Window(L, pad=pad))
     want = reference_ids(ds, raw, lambda e: True, L, pad, 1)
     assert len(segs) == len(want)
     batch = segs.__getitems__(list(range(len(segs))))
@@ -164,7 +164,7 @@ def test_every_segment_matches_reference(lake, pad, L):
 
 def test_single_items_and_collate_match_batched_read(lake):
     ds, raw = lake
-    segs = ds.segments(6, pad="prefix", stride=2)
+    segs = ds.segments(el.Window(6, pad="prefix", stride=2))
     ids = [0, 3, len(segs) - 1, -1]
     items = [segs[i] for i in ids]
     batch = segs.collate(items)
@@ -189,7 +189,7 @@ def test_pickled_dataset_reads_the_same(lake):
 
 def test_compressed_tensors_read_through_tensorstore(zstd_lake):
     ds, raw = zstd_lake
-    segs = ds.segments(7, pad="suffix")
+    segs = ds.segments(el.Window(7, pad="suffix"))
     batch = segs.__getitems__(list(range(len(segs))))
     assert starts_of(batch) == reference_ids(ds, raw, lambda e: True, 7, "suffix", 1)
     check_batch(batch, raw_by_id(ds, raw), 7)
@@ -215,7 +215,7 @@ def test_views_and_shards_match_reference(lake, L, pad, stride, world, view):
     want = reference_ids(ds, raw, keep, L, pad, stride)
     got = []
     for rank in range(world):
-        segs = source.segments(L, pad=pad, stride=stride, shard=(rank, world), **kwargs)
+        segs = source.segments(el.Window(L, pad=pad, stride=stride), shard=(rank, world), **kwargs)
         assert len(segs) == len(want[rank::world])
         if len(segs):
             batch = segs.__getitems__(list(range(len(segs))))
@@ -236,9 +236,9 @@ def test_random_stream_batches_match_reference_and_are_seeded(lake):
     ds, raw = lake
     by_id = raw_by_id(ds, raw)
     valid = set(reference_ids(ds, raw, lambda e: True, 8, "suffix", 1))
-    a = take(ds.segment_stream(sequence_length=8, batch_size=16, seed=3), 6)
-    b = take(ds.segment_stream(sequence_length=8, batch_size=16, seed=3, prefetch=0), 6)
-    c = take(ds.segment_stream(sequence_length=8, batch_size=16, seed=4), 6)
+    a = take(ds.segment_stream(8, batch_size=16, seed=3), 6)
+    b = take(ds.segment_stream(8, batch_size=16, seed=3, prefetch=0), 6)
+    c = take(ds.segment_stream(8, batch_size=16, seed=4), 6)
     for x, y in zip(a, b, strict=True):
         assert starts_of(x) == starts_of(y)
         check_batch(x, by_id, 8)
@@ -249,13 +249,13 @@ def test_random_stream_batches_match_reference_and_are_seeded(lake):
 def test_ordered_pass_is_finite_and_in_segment_order(lake):
     ds, raw = lake
     want = reference_ids(ds, raw, lambda e: True, 5, None, 2)
-    stream = ds.segment_stream(sequence_length=5, batch_size=7, shuffle=False, pad=None, stride=2)
+    stream = ds.segment_stream(el.Window(5, pad=None, stride=2), batch_size=7, sampler=el.Sequential())
     batches = list(stream)
     assert len(batches) == len(stream) == -(-len(want) // 7)
     assert [s for b in batches for s in starts_of(b)] == want
     check_batch(batches[-1], raw_by_id(ds, raw), 5)
     dropped = list(
-        ds.segment_stream(sequence_length=5, batch_size=7, shuffle=False, pad=None, stride=2, drop_last=True)
+        ds.segment_stream(el.Window(5, pad=None, stride=2), batch_size=7, sampler=el.Sequential(), drop_last=True)
     )
     assert len(dropped) == len(want) // 7
 
@@ -265,7 +265,9 @@ def test_shuffled_pass_without_replacement_covers_each_segment_once(lake):
     want = reference_ids(ds, raw, lambda e: True, 4, "prefix", 1)
     got = [
         s
-        for b in ds.segment_stream(sequence_length=4, batch_size=10, replacement=False, pad="prefix", seed=1)
+        for b in ds.segment_stream(
+            el.Window(4, pad="prefix"), batch_size=10, sampler=el.Uniform(replacement=False), seed=1
+        )
         for s in starts_of(b)
     ]
     assert sorted(got) == sorted(want) and got != want
@@ -278,7 +280,7 @@ def test_stream_shards_are_disjoint_and_cover(lake):
     for rank in range(3):
         got += [
             s
-            for b in ds.segment_stream(sequence_length=3, batch_size=8, shuffle=False, shard=(rank, 3))
+            for b in ds.segment_stream(3, batch_size=8, sampler=el.Sequential(), shard=(rank, 3))
             for s in starts_of(b)
         ]
     assert sorted(got) == sorted(want) and len(got) == len(set(got))
@@ -305,9 +307,9 @@ class CountingSampler:
     [
         {"prefetch": 0},
         {"prefetch": 3},
-        {"replacement": False, "prefetch": 2},
-        {"shuffle": False},
-        {"weights": np.linspace(0.0, 2.0, len(LENGTHS))},
+        {"sampler": el.Uniform(replacement=False), "prefetch": 2},
+        {"sampler": el.Sequential()},
+        {"sampler": el.Weighted(np.linspace(0.0, 2.0, len(LENGTHS)))},
         {"sampler": "counting"},
     ],
     ids=["random", "random-prefetch", "permutation", "ordered", "weighted", "sampler"],
@@ -319,7 +321,7 @@ def test_state_dict_resumes_exactly(lake, kwargs):
         kw = dict(kwargs)
         if kw.get("sampler") == "counting":
             kw["sampler"] = CountingSampler(5)
-        return ds.segment_stream(sequence_length=4, batch_size=5, seed=11, **kw)
+        return ds.segment_stream(4, batch_size=5, seed=11, **kw)
 
     first = make()
     take(first, 3)
@@ -335,8 +337,8 @@ def test_state_dict_resumes_exactly(lake, kwargs):
 
 def test_state_dict_of_another_stream_is_rejected(lake):
     ds, _ = lake
-    a = ds.segment_stream(sequence_length=4, batch_size=5, seed=1)
-    b = ds.segment_stream(sequence_length=6, batch_size=5, seed=1)
+    a = ds.segment_stream(4, batch_size=5, seed=1)
+    b = ds.segment_stream(6, batch_size=5, seed=1)
     with pytest.raises(el.ValidationError, match="segments"):
         b.load_state_dict(a.state_dict())
 
@@ -344,9 +346,9 @@ def test_state_dict_of_another_stream_is_rejected(lake):
 def test_sql_where_and_weights_select_episodes(lake):
     ds, raw = lake
     by_id = raw_by_id(ds, raw)
-    picks = ds.segment_stream(sequence_length=4, batch_size=32, seed=0, where="task = 'pick'")
+    picks = ds.segment_stream(4, batch_size=32, seed=0, where="task = 'pick'")
     weighted = ds.segment_stream(
-        sequence_length=4, batch_size=32, seed=0, weights="CASE WHEN success THEN 1.0 ELSE 0.0 END"
+        4, batch_size=32, seed=0, sampler=el.Weighted("CASE WHEN success THEN 1.0 ELSE 0.0 END")
     )
     for _ in range(3):
         b = next(picks)
@@ -356,7 +358,7 @@ def test_sql_where_and_weights_select_episodes(lake):
         assert all(by_id[int(e)].meta["success"] for e in w.episode_id)
     zero = np.zeros(len(raw))
     zero[3] = 1.0
-    only = ds.segment_stream(sequence_length=2, batch_size=20, seed=0, weights=zero, where="length > 2")
+    only = ds.segment_stream(2, batch_size=20, seed=0, sampler=el.Weighted(zero), where="length > 2")
     assert set(next(only).episode_id.tolist()) == {ds.episode(3).episode_id}
 
 
@@ -367,14 +369,14 @@ def test_custom_sampler_ids_pick_those_segments(lake):
         def sample(self, index, batch_size):
             return np.arange(batch_size) * 2
 
-    stream = ds.segment_stream(sequence_length=3, batch_size=6, sampler=Fixed(), prefetch=0)
+    stream = ds.segment_stream(3, batch_size=6, sampler=Fixed(), prefetch=0)
     segs = ds.segments(3)
     assert starts_of(next(stream)) == starts_of(segs.__getitems__(list(range(0, 12, 2))))
 
 
 def test_context_target_split_views(lake):
     ds, raw = lake
-    stream = ds.segment_stream(context_length=3, target_length=5, batch_size=8, seed=2)
+    stream = ds.segment_stream(el.Window(context=3, target=5), batch_size=8, seed=2)
     b = next(stream)
     assert len(b) == 8
     check_batch(b, raw_by_id(ds, raw), 8)
@@ -389,12 +391,12 @@ def test_context_target_split_views(lake):
     mapped = b.map(np.copy)
     np.testing.assert_array_equal(mapped.target.action, tgt.action)
     with pytest.raises(AttributeError, match="context_length"):
-        _ = next(ds.segment_stream(sequence_length=4, batch_size=2, seed=0)).context
+        _ = next(ds.segment_stream(4, batch_size=2, seed=0)).context
 
 
 def test_held_batches_are_never_overwritten(lake):
     ds, _raw = lake
-    stream = ds.segment_stream(sequence_length=6, batch_size=8, seed=9, prefetch=2)
+    stream = ds.segment_stream(6, batch_size=8, seed=9, prefetch=2)
     held = [next(stream) for _ in range(3)]
     copies = [{k: np.copy(v) for k, v in b.buffers().items()} for b in held]
     cam = held[0].obs.camera  # a view alone keeps its buffer alive
@@ -411,25 +413,23 @@ def test_held_batches_are_never_overwritten(lake):
 def test_short_episodes_and_bad_arguments(lake):
     ds, raw = lake
     longest = max(LENGTHS)
-    assert len(ds.segments(longest + 1, pad=None)) == 0
+    assert len(ds.segments(el.Window(longest + 1, pad=None))) == 0
     assert len(ds.segments(longest + 1)) == len(raw)  # one padded segment per episode
     with pytest.raises(el.ValidationError, match="no segments"):
-        ds.segment_stream(sequence_length=longest + 1, pad=None)
-    with pytest.raises(el.ValidationError, match="context_length"):
-        ds.segment_stream(context_length=3)
+        ds.segment_stream(el.Window(longest + 1, pad=None))
+    with pytest.raises(el.ValidationError, match="give both context and target"):
+        ds.segment_stream(el.Window(context=3))
     with pytest.raises(el.ValidationError, match="sampler"):
-        ds.segment_stream(sequence_length=3, sampler=object())
+        ds.segment_stream(3, sampler=object())
     with pytest.raises(el.ValidationError, match="batch_size"):
-        ds.segment_stream(sequence_length=3, batch_size=0)
+        ds.segment_stream(3, batch_size=0)
     with pytest.raises(el.ValidationError, match="weights"):
-        ds.segment_stream(sequence_length=3, weights=np.ones(2))
-    with pytest.raises(el.ValidationError, match="weights"):
-        ds.segment_stream(sequence_length=3, weights=np.ones(len(raw)), shuffle=False)
+        ds.segment_stream(3, sampler=el.Weighted(np.ones(2)))
 
 
 def test_uniform_sampling_is_uniform_over_segments(lake):
     ds, raw = lake
-    stream = ds.segment_stream(sequence_length=10, batch_size=512, seed=0, prefetch=0)
+    stream = ds.segment_stream(10, batch_size=512, seed=0, prefetch=0)
     counts = Counter(s for _ in range(40) for s in starts_of(next(stream)))
     want = reference_ids(ds, raw, lambda e: True, 10, "suffix", 1)
     assert set(counts) == set(want)
@@ -457,7 +457,7 @@ def test_corrupt_chunks_are_reported(tmp_path):
 
 def test_object_storage_sampling_reads_sharded_tensors(s3_server, s3_url):
     ds, raw = make_dataset(s3_url, writers=2, storage_options=s3_server.storage_options)
-    segs = ds.segments(6, pad="prefix")
+    segs = ds.segments(el.Window(6, pad="prefix"))
     batch = segs.__getitems__(list(range(len(segs))))
     assert starts_of(batch) == reference_ids(ds, raw, lambda e: True, 6, "prefix", 1)
     check_batch(batch, raw_by_id(ds, raw), 6)

@@ -78,9 +78,9 @@ def reference_batches(seq, world, rank, batch, policy, drop_last, consumed=0):
     return [b for b in out if len(b) == batch] if drop_last else out
 
 
-def make(ds, keep_ids, **kw):
+def make(ds, keep_ids, window, **kw):
     kw.setdefault("prefetch", 0)
-    return ds.segment_stream(filter=lambda ref: ref.episode_id in keep_ids, **kw)
+    return ds.segment_stream(window, filter=lambda ref: ref.episode_id in keep_ids, **kw)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -107,15 +107,16 @@ def test_sharded_passes_are_rank_equal_and_resume_on_any_world(
     every = [(kept[e], s) for e, s in segment_starts(lengths, L, pad, stride)]
     if not every:
         return
-    common = dict(sequence_length=L, pad=pad, stride=stride, seed=5, shuffle=shuffle, replacement=False)
+    window = el.Window(L, pad=pad, stride=stride)
+    common = dict(seed=5, sampler=el.Uniform(replacement=False) if shuffle else el.Sequential())
     # the pass's global sequence: world size 1 yields it in order (a permutation of every segment)
-    seq = [s for b in run(make(ds, keep_ids, batch_size=7, **common)) for s in b]
+    seq = [s for b in run(make(ds, keep_ids, window, batch_size=7, **common)) for s in b]
     assert sorted(seq) == sorted(every) and len(seq) == len(every)
     if not shuffle:
         assert seq == every
 
-    kw = dict(common, batch_size=batch, shard_policy=policy, drop_last=drop_last, prefetch=prefetch)
-    streams = [make(ds, keep_ids, shard=(r, world), **kw) for r in range(world)]
+    kw = dict(common, batch_size=batch, drop_last=drop_last, prefetch=prefetch)
+    streams = [make(ds, keep_ids, window, shard=el.Shard(r, world, policy=policy), **kw) for r in range(world)]
     passes = [run(s) for s in streams]
     counts = [len(p) for p in passes]
     assert counts == [len(s) for s in streams] and len(set(counts)) == 1  # rank-equal
@@ -131,20 +132,20 @@ def test_sharded_passes_are_rank_equal_and_resume_on_any_world(
 
     # resume after k batches: any rank's state, same world and a new world at the same global batch size
     k = data.draw(st.integers(0, counts[0]), label="k")
-    first = make(ds, keep_ids, shard=(0, world), **kw)
+    first = make(ds, keep_ids, window, shard=el.Shard(0, world, policy=policy), **kw)
     for _ in range(k):
         next(first)
     state = pickle.loads(pickle.dumps(first.state_dict()))
     consumed = sum(len(b) for b in passes[0][:k]) * world
     finished = k == counts[0]
     for r in range(world):
-        again = make(ds, keep_ids, shard=(r, world), **kw)
+        again = make(ds, keep_ids, window, shard=el.Shard(r, world, policy=policy), **kw)
         again.load_state_dict(state)
         assert drain(again) == passes[r][k:]
     G = batch * world
     w2 = data.draw(st.sampled_from([d for d in range(1, G + 1) if G % d == 0]), label="new world")
     for r in range(w2):
-        again = make(ds, keep_ids, shard=(r, w2), **dict(kw, batch_size=G // w2))
+        again = make(ds, keep_ids, window, shard=el.Shard(r, w2, policy=policy), **dict(kw, batch_size=G // w2))
         again.load_state_dict(state)
         want = [] if finished else reference_batches(seq, w2, r, G // w2, policy, drop_last, consumed)
         assert drain(again) == want
@@ -154,7 +155,7 @@ def test_issue_reproduction_181_segments_world_5(tmp_path):
     """7 episodes, 181 segments, world 5, batch 4: every rank yields 10 batches, covering every segment."""
     lengths = [20, 31, 25, 27, 30, 22, 26]
     ds = el.Dataset.from_episodes(episodes(lengths), schema=small_schema())
-    streams = [ds.segment_stream(sequence_length=1, batch_size=4, shuffle=False, shard=(r, 5)) for r in range(5)]
+    streams = [ds.segment_stream(1, batch_size=4, sampler=el.Sequential(), shard=(r, 5)) for r in range(5)]
     passes = [run(s) for s in streams]
     assert [len(p) for p in passes] == [10] * 5
     got = [s for p in passes for b in p for s in b]
@@ -163,37 +164,37 @@ def test_issue_reproduction_181_segments_world_5(tmp_path):
     assert len(got) == 185 and set(got) == set(every)
     assert sorted(got) == sorted(every + every[:4])  # the 4 padding items are the pass's first 4 segments
     dropped = [
-        run(ds.segment_stream(sequence_length=1, batch_size=4, shuffle=False, shard=(r, 5), shard_policy="drop"))
+        run(ds.segment_stream(1, batch_size=4, sampler=el.Sequential(), shard=el.Shard(r, 5, policy="drop")))
         for r in range(5)
     ]
     flat = [s for p in dropped for b in p for s in b]
     assert [len(p) for p in dropped] == [9] * 5 and len(flat) == 180 and len(set(flat)) == 180
     # a pass that ended stays ended on another world size (here one rank could still take the dropped segment)
-    ended = ds.segment_stream(sequence_length=1, batch_size=4, shuffle=False, shard=(2, 5), shard_policy="drop")
+    ended = ds.segment_stream(1, batch_size=4, sampler=el.Sequential(), shard=el.Shard(2, 5, policy="drop"))
     run(ended)
-    one = ds.segment_stream(sequence_length=1, batch_size=20, shuffle=False, shard_policy="drop")
+    one = ds.segment_stream(1, batch_size=20, sampler=el.Sequential(), shard=el.Shard(0, 1, policy="drop"))
     one.load_state_dict(ended.state_dict())
     assert drain(one) == [] and len(run(one)) == 10  # ... and the next pass starts on iteration
 
 
 def test_epochs_restart_and_reshuffle_and_an_end_state_loads_as_finished(pool):
     ds, ids = pool
-    kw = dict(sequence_length=3, batch_size=4, replacement=False, seed=9, shard=(1, 3))
-    stream = ds.segment_stream(**kw)
+    kw = dict(batch_size=4, sampler=el.Uniform(replacement=False), seed=9, shard=(1, 3))
+    stream = ds.segment_stream(3, **kw)
     epoch0 = run(stream)
     state = stream.state_dict()
     with pytest.raises(StopIteration):  # the pass stays ended until iterated again
         stream.sample()
     epoch1 = run(stream)
     assert len(epoch0) == len(epoch1) == len(stream) and epoch0 != epoch1 and stream.epoch == 1
-    resumed = ds.segment_stream(**kw)
+    resumed = ds.segment_stream(3, **kw)
     resumed.load_state_dict(state)  # taken at the end of epoch 0: loads as finished
     assert drain(resumed) == []
     assert run(resumed) == epoch1 and resumed.epoch == 1
     # every rank's second pass together covers every segment again
     got = []
     for r in range(3):
-        s = ds.segment_stream(**dict(kw, shard=(r, 3)))
+        s = ds.segment_stream(3, **dict(kw, shard=(r, 3)))
         run(s)
         got += [x for b in run(s) for x in b]
     every = [(ids[e], t) for e, t in segment_starts(POOL_LENGTHS, 3)]
@@ -205,7 +206,7 @@ def test_random_shards_sample_only_their_share_with_decorrelated_generators(pool
     every = [(ids[e], t) for e, t in segment_starts(POOL_LENGTHS, 2)]
     seen = []
     for r in range(3):
-        stream = ds.segment_stream(sequence_length=2, batch_size=64, seed=4, shard=(r, 3), prefetch=0)
+        stream = ds.segment_stream(2, batch_size=64, seed=4, shard=(r, 3), prefetch=0)
         got = [x for _ in range(3) for x in run_one(stream)]
         assert set(got) <= set(every[r::3])
         seen.append([every.index(x) // 3 for x in got])  # shard-local ids
@@ -220,33 +221,39 @@ def run_one(stream):
 def test_permutation_shards_need_a_seed(pool):
     ds, _ = pool
     with pytest.raises(el.ValidationError, match="seed"):
-        ds.segment_stream(sequence_length=2, batch_size=4, replacement=False, shard=(0, 2))
-    with pytest.raises(el.ValidationError, match="shard_policy"):
-        ds.segment_stream(sequence_length=2, batch_size=4, shuffle=False, shard_policy="pad")
+        ds.segment_stream(2, batch_size=4, sampler=el.Uniform(replacement=False), shard=(0, 2))
+    with pytest.raises(el.ValidationError, match="shard policy must be 'wrap' or 'drop', got 'pad'"):
+        ds.segment_stream(2, batch_size=4, sampler=el.Sequential(), shard=el.Shard(0, 1, policy="pad"))
 
 
 # ---- a state loads only into a stream that produces the same sequence
 
-BASE = dict(sequence_length=3, batch_size=4, seed=1, prefetch=0)
+BASE = dict(window=3, batch_size=4, seed=1, prefetch=0)
+ONCE = el.Uniform(replacement=False)
+ORDERED = el.Sequential()
 
 MISMATCHES = [
-    ("pad", dict(pad="suffix"), dict(pad="prefix")),
-    ("sequence_length", dict(), dict(sequence_length=4)),
-    ("stride", dict(), dict(stride=2)),
+    ("pad", dict(window=el.Window(3, pad="suffix")), dict(window=el.Window(3, pad="prefix"))),
+    ("sequence_length", dict(), dict(window=4)),
+    ("stride", dict(), dict(window=el.Window(3, stride=2))),
     ("seed", dict(), dict(seed=2)),
-    ("seed", dict(replacement=False), dict(replacement=False, seed=2)),
-    ("mode", dict(), dict(replacement=False)),
-    ("mode", dict(), dict(shuffle=False)),
-    ("mode", dict(replacement=False), dict(shuffle=False)),
+    ("seed", dict(sampler=ONCE), dict(sampler=ONCE, seed=2)),
+    ("mode", dict(), dict(sampler=ONCE)),
+    ("mode", dict(), dict(sampler=ORDERED)),
+    ("mode", dict(sampler=ONCE), dict(sampler=ORDERED)),
     ("shard rank", dict(shard=(0, 2)), dict(shard=(1, 2))),
     ("shard world", dict(shard=(0, 2)), dict(shard=(0, 3))),
     ("batch_size", dict(), dict(batch_size=5)),
-    ("batch_size", dict(shuffle=False, shard=(0, 2)), dict(shuffle=False, shard=(1, 2), batch_size=5)),
-    ("global batch size", dict(shuffle=False, shard=(0, 2)), dict(shuffle=False, shard=(0, 3))),
-    ("drop_last", dict(shuffle=False), dict(shuffle=False, drop_last=True)),
-    ("shard_policy", dict(shuffle=False, shard=(0, 2)), dict(shuffle=False, shard=(0, 2), shard_policy="drop")),
-    ("weights", dict(weights=np.ones(len(POOL_LENGTHS))), dict(weights=np.arange(1.0, len(POOL_LENGTHS) + 1))),
-    ("weights", dict(), dict(weights=np.ones(len(POOL_LENGTHS)))),
+    ("batch_size", dict(sampler=ORDERED, shard=(0, 2)), dict(sampler=ORDERED, shard=(1, 2), batch_size=5)),
+    ("global batch size", dict(sampler=ORDERED, shard=(0, 2)), dict(sampler=ORDERED, shard=(0, 3))),
+    ("drop_last", dict(sampler=ORDERED), dict(sampler=ORDERED, drop_last=True)),
+    ("shard_policy", dict(sampler=ORDERED, shard=(0, 2)), dict(sampler=ORDERED, shard=el.Shard(0, 2, policy="drop"))),
+    (
+        "weights",
+        dict(sampler=el.Weighted(np.ones(len(POOL_LENGTHS)))),
+        dict(sampler=el.Weighted(np.arange(1.0, len(POOL_LENGTHS) + 1))),
+    ),
+    ("weights", dict(), dict(sampler=el.Weighted(np.ones(len(POOL_LENGTHS))))),
     ("segments", dict(where="length > 3"), dict(where="length > 4")),
     ("episodes", dict(where='"group" = 0'), dict(where='"group" = 1')),
 ]
@@ -257,28 +264,32 @@ def test_a_mismatched_state_is_rejected_naming_the_parameter_and_changes_nothing
     # groups 0 and 1 hold one episode each of the same length: same segment count, different episodes
     lengths = [*POOL_LENGTHS, 10, 10]
     ds = el.Dataset.from_episodes(episodes(lengths, groups=[2] * len(POOL_LENGTHS) + [0, 1]), schema=small_schema())
-    for kw in (saved, loaded):
-        if "weights" in kw:
-            kw["weights"] = np.append(kw["weights"], [1.0, 1.0])
-    a = ds.segment_stream(**dict(BASE, **saved))
+
+    def built(kw):
+        kw = dict(BASE, **kw)
+        if isinstance(kw.get("sampler"), el.Weighted):  # one weight for each of the two extra episodes
+            kw["sampler"] = el.Weighted(np.append(kw["sampler"].weights, [1.0, 1.0]))
+        return ds.segment_stream(kw.pop("window"), **kw)
+
+    a = built(saved)
     next(a)
-    b = ds.segment_stream(**dict(BASE, **loaded))
-    twin = ds.segment_stream(**dict(BASE, **loaded))
+    b = built(loaded)
+    twin = built(loaded)
     next(b), next(twin)
     with pytest.raises(el.ValidationError, match=name):
         b.load_state_dict(a.state_dict())
     assert run_one(b) == run_one(twin)  # the rejected load left b where it was
     # the same arguments do load
-    same = ds.segment_stream(**dict(BASE, **saved))
+    same = built(saved)
     same.load_state_dict(a.state_dict())
     assert run_one(same) == run_one(a)
 
 
 def test_unseeded_streams_adopt_the_saved_seed_and_broken_states_are_rejected(pool):
     ds, _ = pool
-    a = ds.segment_stream(sequence_length=2, batch_size=3, prefetch=0)
+    a = ds.segment_stream(2, batch_size=3, prefetch=0)
     next(a)
-    b = ds.segment_stream(sequence_length=2, batch_size=3, prefetch=0)
+    b = ds.segment_stream(2, batch_size=3, prefetch=0)
     b.load_state_dict(a.state_dict())
     assert run_one(b) == run_one(a)
     state = a.state_dict()
@@ -297,7 +308,7 @@ def test_unseeded_streams_adopt_the_saved_seed_and_broken_states_are_rejected(po
 
 @pytest.mark.parametrize("policy", ["wrap", "drop"])
 def test_ordered_shards_deal_segments_like_torch_distributed_sampler(pool, policy):
-    """shuffle=False: rank r gets exactly DistributedSampler(shuffle=False, drop_last=policy == "drop")'s indices.
+    """el.Sequential(): rank r gets exactly DistributedSampler(shuffle=False, drop_last=policy == "drop")'s indices.
 
     The global order is the reference enumeration (episode order, then start); torch pads a short pass by
     repeating its first indices (wrap) or cuts the last ``N % world`` (drop), like our two policies.
@@ -322,13 +333,10 @@ def test_ordered_shards_deal_segments_like_torch_distributed_sampler(pool, polic
                     stream = make(
                         ds,
                         keep_ids,
-                        sequence_length=L,
-                        pad=pad,
-                        stride=stride,
-                        shuffle=False,
+                        el.Window(L, pad=pad, stride=stride),
+                        sampler=el.Sequential(),
                         batch_size=batch,
-                        shard=(rank, world),
-                        shard_policy=policy,
+                        shard=el.Shard(rank, world, policy=policy),
                     )
                     got = [s for b in run(stream) for s in b]
                     sampler = DistributedSampler(
