@@ -119,7 +119,7 @@ def du(root: str) -> int:
 def build_lake(root: str, frames: np.ndarray, actions: np.ndarray, storage: str) -> dict[str, float]:
     import episodelake as el
     from episodelake.core.codecs import psnr
-    from episodelake.storage.tensors import tensors_size
+    from episodelake.storage.arrays import tensors_size
 
     size = frames.shape[2]
     schema = el.DatasetSchema(

@@ -3,7 +3,7 @@
 TensorStore aborts a process that uses it after ``fork()`` from one that did;
 0.1.0 therefore refused forked workers for anything but raw local arrays. Now a
 forked worker reads the same Zarr files without TensorStore
-(:class:`episodelake.storage.tensors.PlainArray`). Every test here has the parent read
+(:class:`episodelake.storage.planned.PlainArray`). Every test here has the parent read
 through TensorStore first, so the workers really are forked from a process
 that used it, and compares with the parent's own read and with ground truth.
 """
@@ -16,7 +16,9 @@ import numpy as np
 import pytest
 
 import episodelake as el
-from episodelake.storage.tensors import PlainArray, TensorArray, make_context, split_ref
+from episodelake.storage.arrays import split_ref
+from episodelake.storage.planned import PlainArray
+from episodelake.storage.tensors import TensorArray, make_context
 
 from .test_dataloader import loader_multiset, single_process_multiset
 from .test_sampling import check_batch, make_dataset, raw_by_id

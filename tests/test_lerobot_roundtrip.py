@@ -20,7 +20,7 @@ import episodelake as el
 from episodelake.core.errors import ValidationError
 from episodelake.exporters.lerobot import to_lerobot
 from episodelake.importers import import_dataset
-from episodelake.storage.tensors import tensors_size
+from episodelake.storage.arrays import tensors_size
 
 pytest.importorskip("av")
 

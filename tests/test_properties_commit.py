@@ -25,9 +25,9 @@ import pytest
 import tensorstore as ts
 
 import episodelake as el
+from episodelake.storage.arrays import array_parts, split_ref
 from episodelake.storage.location import resolve
 from episodelake.storage.store import Store
-from episodelake.storage.tensors import array_parts, split_ref
 
 from .latency_proxy import LatencyProxy
 from .workers.common import assert_all_match, crash_schema, episode

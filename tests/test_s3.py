@@ -11,8 +11,8 @@ import tensorstore as ts
 from deltalake import DeltaTable, write_deltalake
 
 import episodelake as el
+from episodelake.storage.arrays import split_ref
 from episodelake.storage.location import resolve
-from episodelake.storage.tensors import split_ref
 
 from .conftest import robot_schema
 from .reference import RawEpisode, expected_segment, random_episode

@@ -20,9 +20,9 @@ from hypothesis import strategies as st
 
 import episodelake as el
 from episodelake.lineage import describe
+from episodelake.storage.arrays import array_parts, tensor_writers
 from episodelake.storage.location import REDACTED, redact, resolve
 from episodelake.storage.table import EpisodeTable
-from episodelake.storage.tensors import array_parts, tensor_writers
 
 from .conftest import robot_schema
 from .reference import random_episode

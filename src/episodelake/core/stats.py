@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import mmap
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -89,12 +89,6 @@ def return_field(schema: DatasetSchema) -> FieldSpec | None:
     if len(rewards) != 1 or rewards[0].np_dtype.kind not in "biuf" or rewards[0].shape != ():
         return None
     return rewards[0]
-
-
-def episode_return(schema: DatasetSchema, data: Mapping[str, np.ndarray]) -> float | None:
-    """The sum of the episode's rewards under :func:`return_field`'s rule, else None."""
-    f = return_field(schema)
-    return None if f is None else float(data[f.key].sum(dtype=np.float64))
 
 
 def stat_fields(schema: DatasetSchema, fields: Iterable[str] | None) -> list[FieldSpec]:

@@ -75,7 +75,17 @@ from ..core.schema import DatasetSchema, FieldSpec, from_storage
 from ..core.stats import STAT_PARTS, episode_stats, has_stats, stat_column
 from ..read.snapshot import flatten_lists
 from ..storage import layout
+from ..storage.arrays import (
+    COMMIT_SHIFT,
+    ROW_MASK,
+    array_exists,
+    array_parts,
+    split_ref,
+    tensor_writers,
+    writer_commits,
+)
 from ..storage.location import Location
+from ..storage.planned import read_many
 from ..storage.store import Store
 from ..storage.table import (
     MIN_RETENTION_HOURS,
@@ -87,17 +97,7 @@ from ..storage.table import (
     log_problems,
     read_table_file,
 )
-from ..storage.tensors import (
-    COMMIT_SHIFT,
-    ROW_MASK,
-    TensorArray,
-    array_exists,
-    array_parts,
-    read_many,
-    split_ref,
-    tensor_writers,
-    writer_commits,
-)
+from ..storage.tensors import TensorArray
 from ..write.derived import vacuum_side
 
 DEFAULT_RETENTION_HOURS = 168.0  # Delta's default deletedFileRetentionDuration (7 days)

@@ -24,7 +24,7 @@ in ``Snapshot.window_reader``. It is picklable (spawned workers get the loaded N
 state and reopen files lazily) and works in forked workers: readers opened
 before a fork are dropped in the child, and since TensorStore aborts a process
 that uses it after ``fork()``, a forked worker reads compressed and
-object-store arrays through :class:`~episodelake.tensors.PlainArray`.
+object-store arrays through :class:`~episodelake.storage.planned.PlainArray`.
 """
 
 from __future__ import annotations
@@ -43,18 +43,12 @@ from ..core.episode import extra_rows, rows_for
 from ..core.errors import CorruptionError
 from ..core.schema import FieldSpec
 from ..core.segments import Segment, meta_fill
+from ..storage.arrays import COMMIT_SHIFT, ROW_MASK, array_parts, mappable_layout
 from ..storage.faults import storage_fault
 from ..storage.layout import chunk_parts
 from ..storage.location import Location
-from ..storage.tensors import (
-    COMMIT_SHIFT,
-    ROW_MASK,
-    PlainArray,
-    TensorArray,
-    array_parts,
-    copy_runs_many,
-    mappable_layout,
-)
+from ..storage.planned import PlainArray, copy_runs_many
+from ..storage.tensors import TensorArray
 from .snapshot import Snapshot
 
 MAX_MAPPED_CHUNKS = 8192  # bound on cached chunk mappings per array (vm.max_map_count is ~65k)

@@ -35,11 +35,14 @@ from ..core.errors import CorruptionError, StorageError
 from ..core.growable import append_rows
 from ..core.schema import FieldSpec, from_storage, storage_dtype
 from ..storage import layout
+from ..storage.arrays import ArrayReader, split_ref
+from ..storage.engine import engine_usable
 from ..storage.faults import storage_fault
+from ..storage.planned import PlainArray, read_many
 from ..storage.side_table import ID, DerivedState, side_values
 from ..storage.store import Store
 from ..storage.table import EpisodeTable
-from ..storage.tensors import PlainArray, TensorArray, engine_usable, make_context, read_many, split_ref
+from ..storage.tensors import TensorArray, make_context
 
 INDEX_COLUMNS = ("episode_id", "writer", "length", "terminated", "truncated", "return", "created_at")
 FILE_COLUMN = "__fragment_index"  # Arrow's scan column: the index of the file a row was read from
@@ -553,7 +556,7 @@ class Snapshot:
         """The ``(writer, commit)`` arrays of ``f``, opened once per process (missing ones all at once).
 
         A process forked from one that used TensorStore reads through
-        :class:`~episodelake.tensors.PlainArray` instead, and so does every
+        :class:`~episodelake.storage.planned.PlainArray` instead, and so does every
         process for object stores (planned byte ranges through the read cache)
         and for compressed and lossy fields (chunks decoded in a thread pool
         and kept in the decoded-chunk cache); handles opened before a fork are
@@ -625,7 +628,7 @@ class Snapshot:
                     ) from exc
             raise
 
-    def _verify_rows(self, f: FieldSpec, p: int, arr: TensorArray | PlainArray, start: int, stop: int) -> None:
+    def _verify_rows(self, f: FieldSpec, p: int, arr: ArrayReader, start: int, stop: int) -> None:
         where = f"episode {int(self.index['episode_id'][p])}: field {f.key!r} rows [{start}, {stop}) of {arr.where}"
         try:
             rows = read_many([(arr, start, stop)])[0]

@@ -1,7 +1,7 @@
 """Caches of immutable byte ranges: bounded on disk (shared by every process of a node) or in memory.
 
 Objects of a committed dataset never change (tensor shards are written once,
-see ``tensors.py``), so a cached byte range is valid forever and is never
+see ``arrays.py``), so a cached byte range is valid forever and is never
 revalidated. Keys name the object and the range (plus the dataset's creation
 stamp, so a dataset deleted and recreated at the same URL never hits the old
 entries).

@@ -1,6 +1,6 @@
 """Arrays of lossy camera frames (``FieldSpec(codec="jpeg" | "webp" | "avif" | "video:h264" | "video:av1")``).
 
-Same Zarr v3 layout as every tensor array (:func:`tensors.zarr_metadata`):
+Same Zarr v3 layout as every tensor array (:func:`arrays.zarr_metadata`):
 shape ``[rows, *shape]``, ``sharding_indexed`` shards of inner chunks. An
 inner chunk is one compressed image (image codecs) or one short video GOP of
 ``chunk_rows`` consecutive frames (video codecs). TensorStore cannot encode
@@ -8,11 +8,11 @@ either, so :class:`FrameArray` encodes chunks in a thread pool (imagecodecs
 and PyAV release the GIL), assembles each shard (the chunks' bytes, then the
 index of ``(offset, nbytes)`` pairs and its CRC-32C) and writes it through
 TensorStore's key-value store (local files, S3, GCS alike). Reading is
-:class:`~episodelake.tensors.PlainArray`'s: byte ranges of the wanted chunks,
+:class:`~episodelake.storage.planned.PlainArray`'s: byte ranges of the wanted chunks,
 decoded in parallel; it never needs TensorStore, so forked workers read the
 same way.
 
-References and reservations follow :class:`~episodelake.tensors.TensorArray`:
+References and reservations follow :class:`~episodelake.storage.tensors.TensorArray`:
 commit 0 is a writer's single local array (each commit appends; the last,
 partly filled shard is rewritten with its earlier chunks' bytes kept at their
 offsets, so a reader's cached index stays valid; a partly filled video chunk
@@ -32,9 +32,11 @@ from ..core import codecs
 from ..core.errors import CorruptionError, ValidationError
 from ..core.schema import FieldSpec
 from . import layout
+from .arrays import COMMIT_SHIFT, NO_CHUNK, ROW_MASK, array_parts, zarr_metadata
 from .engine import start_engine
 from .location import Location
-from .tensors import _NO_CHUNK, COMMIT_SHIFT, ROW_MASK, PlainArray, Writes, array_parts, await_op, zarr_metadata
+from .planned import PlainArray
+from .tensors import Writes, await_op
 
 
 class FrameArray(PlainArray):
@@ -165,7 +167,7 @@ class FrameArray(PlainArray):
                 if c // P != s:
                     continue
                 at, size = index[c % P].tolist()
-                if at == _NO_CHUNK:
+                if at == NO_CHUNK:
                     at, size = offset, 0
                 elif at + size != offset:
                     raise CorruptionError(f"{self.where}: shard {s} does not end with chunk {c}; cannot append")
@@ -188,7 +190,7 @@ class FrameArray(PlainArray):
         """The data bytes and index of shard ``shard``'s chunks holding frames before row ``first`` (a chunk
         ``first`` falls inside included; none when the shard starts there)."""
         P, R = self.per_shard, self.chunk_rows
-        index = np.full((P, 2), _NO_CHUNK, "<u8")
+        index = np.full((P, 2), NO_CHUNK, "<u8")
         if first == shard * P * R:
             return b"", index
         got = self._store().read(self._key(shard)).result()
@@ -199,7 +201,7 @@ class FrameArray(PlainArray):
         old = np.frombuffer(blob[-size:-4], "<u8").reshape(P, 2)
         keep = -(-(first - shard * P * R) // R)
         index[:keep] = old[:keep]
-        ends = [int(o + n) for o, n in old[:keep] if o != _NO_CHUNK]
+        ends = [int(o + n) for o, n in old[:keep] if o != NO_CHUNK]
         return blob[: max(ends, default=0)], index
 
 

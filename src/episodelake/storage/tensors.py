@@ -1,29 +1,4 @@
-"""Zarr v3 tensor arrays written and read through TensorStore.
-
-A writer's rows of a tensor field live in Zarr v3 arrays of shape
-``[rows, *field.shape]``, chunked along time only. Codecs and chunk shapes are
-always explicit (TensorStore's defaults for an empty resizable array are
-one-row chunks).
-
-* Local datasets: one append-only array per writer and field at
-  ``tensors/<writer>/<field key>``; each commit appends at the current end.
-* Object stores: one array per commit at ``tensors/<writer>/<commit>/<field key>``
-  (``commit`` = 1, 2, ... per writer), shaped exactly to the commit's rows and
-  written once, its chunks fitted to those rows (:func:`zarr_metadata`
-  ``fit``). The sharding codec packs up to :data:`SHARD_CHUNKS` inner
-  chunks into one object, so a random segment read is a few byte-range GETs,
-  no object is ever rewritten, and no array holds a row nobody wrote.
-* Local datasets with a capacity: one array per commit too (unsharded, its
-  chunks no longer than the commit), so vacuum reclaims evicted rows by
-  deleting whole arrays, never rewriting live ones.
-
-A table reference (``ref/<key>``) is ``commit << 32 | row``: commit 0 is the
-writer's single array (every local dataset, and object-store datasets written
-by 0.1.0), so references of older datasets keep their meaning.
-
-Tensor rows are always written before the table commit that references them,
-so a crash leaves unreferenced rows (or a whole unreferenced commit array) and
-never a half episode.
+"""Zarr v3 tensor arrays (layout: :mod:`~episodelake.storage.arrays`) written and read through TensorStore.
 
 Object-store operations wait as the location's
 :class:`~episodelake.location.StorageTimeouts` allow; one that fails for a
@@ -33,36 +8,25 @@ array, never :class:`CorruptionError`.
 
 TensorStore aborts a process that uses it after ``fork()`` from a process that
 did. A forked process (a ``DataLoader`` worker, by default on Linux) therefore
-reads through :class:`PlainArray`: the same Zarr files decoded in Python
-(fsspec for the bytes, :func:`codecs.chunk_decoder`), no TensorStore.
+reads through :class:`~episodelake.storage.planned.PlainArray`: the same Zarr
+files decoded in Python, no TensorStore.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import sys
 import time
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import tensorstore as ts
 
-from ..core import codecs
 from ..core.errors import CorruptionError, ValidationError
-from ..core.schema import FRAMES_PER_SHARD, FieldSpec
-from . import layout
-from .engine import engine_usable as engine_usable  # snapshot asks tensors which reader to use
+from ..core.schema import FieldSpec
+from .arrays import COMMIT_SHIFT, ROW_MASK, Run, array_parts, check_layout, zarr_metadata
 from .engine import start_engine, wait
 from .faults import storage_fault
-from .fetch import Fetcher, Range, fetcher
 from .location import Location
-
-SHARD_CHUNKS = 64  # most inner chunks per shard object on object stores
-COMMIT_SHIFT = 32  # ref = commit << COMMIT_SHIFT | row
-ROW_MASK = (1 << COMMIT_SHIFT) - 1
-_NO_CHUNK = (1 << 64) - 1  # sharding index entry of an inner chunk that was never written
 
 
 def make_context(durable: bool = False, cache_bytes: int = 0) -> ts.Context:
@@ -114,155 +78,6 @@ class Writes:
                 failed = exc
         if failed is not None:
             raise fault(failed, self.loc, self.where, "writing") from failed
-
-
-def split_ref(ref: int) -> tuple[int, int]:
-    """``(commit, row)`` of a table reference."""
-    return int(ref) >> COMMIT_SHIFT, int(ref) & ROW_MASK
-
-
-def zarr_metadata(field: FieldSpec, sharded: bool, rows: int = 0, fit: bool = False) -> dict[str, Any]:
-    """Explicit Zarr v3 metadata for a field's array of ``rows`` rows.
-
-    Sharded arrays (object stores) get shards of at most :data:`SHARD_CHUNKS`
-    inner chunks, fewer when the array needs fewer, so a small commit is one
-    small object. ``fit`` (an array written once, by one commit): the rows
-    are split into the fewest chunks of at most ``rows_per_chunk`` rows, all
-    of one length, so the last chunk pads fewer rows than there are chunks
-    (a 21-row commit is one 21-row chunk, not a 341-row one). Lossy fields
-    (``codec``) are always sharded: one image per inner chunk,
-    ``rows_per_chunk`` frames per shard.
-    """
-    chunk_rows = field.rows_per_chunk
-    if fit and rows and not field.lossy:
-        chunk_rows = -(-rows // -(-rows // chunk_rows))  # ceil(rows / fewest chunks)
-    elif fit:
-        chunk_rows = min(chunk_rows, max(1, rows))
-    inner: list[dict[str, Any]] = [{"name": "bytes", "configuration": {"endian": "little"}}]
-    if field.np_dtype.itemsize == 1 or field.np_dtype == np.bool_:
-        inner = [{"name": "bytes"}]
-    inner += codecs.lossless_codecs(field.compression, field.np_dtype.itemsize)
-    chunk = [chunk_rows, *field.shape]
-    per_shard = min(SHARD_CHUNKS, max(1, -(-rows // chunk_rows))) if rows else SHARD_CHUNKS
-    if field.lossy:  # see frames.FrameArray
-        assert field.codec is not None and field.quality is not None and field.layout is not None
-        inner = [codecs.lossy_codec(field.codec, field.quality, field.layout)]
-        if field.codec in codecs.VIDEO:  # one GOP of rows_per_chunk frames per inner chunk
-            gop = field.rows_per_chunk
-            most = max(1, FRAMES_PER_SHARD // gop)
-            per_shard = min(most, max(1, -(-rows // gop))) if fit and rows else most
-            sharded, chunk = True, [gop, *field.shape]
-        else:  # one image per inner chunk, rows_per_chunk frames per shard
-            sharded, per_shard, chunk = True, chunk_rows, [1, *field.shape]
-    chain = inner
-    if sharded:
-        chain = [
-            {
-                "name": "sharding_indexed",
-                "configuration": {
-                    "chunk_shape": chunk,
-                    "codecs": inner,
-                    "index_codecs": [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}],
-                },
-            }
-        ]
-        chunk = [chunk[0] * per_shard, *field.shape]
-    return {
-        "shape": [rows, *field.shape],
-        "data_type": field.np_dtype.name,
-        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": chunk}},
-        "chunk_key_encoding": {"name": "default"},
-        "codecs": chain,
-        "fill_value": _fill_value(field.np_dtype),
-        "dimension_names": ["t", *(list(field.layout) if field.layout else [None] * len(field.shape))],
-    }
-
-
-def _fill_value(dtype: np.dtype) -> Any:
-    if dtype == np.bool_:
-        return False
-    return [0, 0] if dtype.kind == "c" else 0
-
-
-def array_parts(writer: str, field: FieldSpec, commit: int = 0) -> tuple[str, ...]:
-    """Path parts of a writer's array of ``field``: its single array (commit 0) or one commit's array."""
-    return layout.array_parts(writer, field.key, commit)
-
-
-def array_exists(loc: Location, writer: str, field: FieldSpec, commit: int = 0) -> bool:
-    """Whether the array has its metadata file (an array is created with it)."""
-    return loc.exists(*layout.metadata_parts(array_parts(writer, field, commit)))
-
-
-def read_metadata(loc: Location, writer: str, field: FieldSpec, commit: int = 0) -> dict[str, Any]:
-    """The array's Zarr v3 metadata as written; ``OSError``/``ValueError`` when missing or not JSON."""
-    path = loc.child(*layout.metadata_parts(array_parts(writer, field, commit)))
-    if loc.is_local:
-        with open(path, "rb") as fh:
-            return json.loads(fh.read())
-    return json.loads(loc.fs.cat_file(path))
-
-
-def mappable_layout(loc: Location, writer: str, field: FieldSpec) -> tuple[int, int] | None:
-    """``(rows, chunk_rows)`` of ``writer``'s single local array of ``field`` when its chunk files hold raw rows.
-
-    Raw rows: the one ``bytes`` codec in native byte order, a regular grid
-    chunked along time only, ``/``-separated default chunk keys and a zero
-    fill value, so each chunk file (:func:`layout.chunk_parts`) can be
-    memory-mapped as ``chunk_rows`` rows in C order. None otherwise, and when
-    the metadata cannot be read (opening the array reports that properly).
-    """
-    try:
-        meta = read_metadata(loc, writer, field)
-        codecs = meta["codecs"]
-        grid = meta["chunk_grid"]
-        keys = meta["chunk_key_encoding"]
-        chunk = list(grid["configuration"]["chunk_shape"])
-        rows = int(meta["shape"][0])
-    except (OSError, ValueError, KeyError, TypeError, IndexError):
-        return None
-    dt = field.np_dtype
-    endian = (codecs[0].get("configuration") or {}).get("endian", "little") if codecs else None
-    plain = (
-        len(codecs) == 1
-        and codecs[0].get("name") == "bytes"
-        and (dt.itemsize == 1 or endian == sys.byteorder)
-        and grid.get("name") == "regular"
-        and chunk[1:] == list(field.shape)
-        and keys.get("name") == "default"
-        and (keys.get("configuration") or {}).get("separator", "/") == "/"
-        and meta.get("data_type") == dt.name
-        and meta.get("fill_value") in (0, False)
-    )
-    return (rows, int(chunk[0])) if plain else None
-
-
-def tensors_size(loc: Location) -> int:
-    """Bytes stored under the tensor directory (every writer's arrays)."""
-    root = loc.child(layout.TENSORS)
-    return int(loc.fs.du(root)) if loc.fs.exists(root) else 0
-
-
-def tensor_writers(loc: Location) -> list[str]:
-    """Names of the writers with a tensor directory, sorted."""
-    root = loc.child(layout.TENSORS)
-    if not loc.fs.exists(root):
-        return []
-    return sorted(d.rstrip("/").rsplit("/", 1)[-1] for d in loc.fs.ls(root, detail=False))
-
-
-def writer_commits(loc: Location, writer: str) -> list[int]:
-    """The commit numbers of ``writer``'s commit arrays (object stores), sorted."""
-    names = [d.rstrip("/").rsplit("/", 1)[-1] for d in loc.fs.ls(loc.child(*layout.writer_parts(writer)), detail=False)]
-    return sorted(int(n) for n in names if layout.is_commit_dir(n))
-
-
-def _check_layout(where: str, shape: Sequence[int], dtype: np.dtype, field: FieldSpec) -> None:
-    if tuple(shape[1:]) != field.shape or np.dtype(dtype) != field.np_dtype:
-        raise CorruptionError(
-            f"tensor array {where} has shape {tuple(shape[1:])} / dtype {np.dtype(dtype)}, "
-            f"schema says {field.shape} / {field.np_dtype}"
-        )
 
 
 class TensorArray:
@@ -342,7 +157,7 @@ class TensorArray:
                 store = await_op(future, loc, where, "opening")
             except ValueError as exc:
                 raise CorruptionError(f"tensor array {where} cannot be opened: {exc}") from exc
-            _check_layout(where, store.shape, store.dtype.numpy_dtype, field)
+            check_layout(where, store.shape, store.dtype.numpy_dtype, field)
             arr = cls(store, field, where)
             arr.commit, arr._loc = commit, loc
             out.append(arr)
@@ -409,7 +224,7 @@ class TensorArray:
         assert self.store is not None
         return self.store[start:stop].read()
 
-    def copy_runs(self, out: np.ndarray, runs: list[tuple[int, int, int, int]]) -> None:
+    def copy_runs(self, out: np.ndarray, runs: list[Run]) -> None:
         """Copy runs ``(dst row, src row, count, episode id)`` into ``out``, every read in one batch.
 
         Every read is awaited, even after one failed, so no read is left in
@@ -461,328 +276,3 @@ def _create_store(
     # The metadata PUT landed but its reply was lost, so the retried conditional PUT found it: the array is
     # ours (a writer's arrays are its own, and each attempt takes a new commit number): open it, same metadata.
     return await_op(ts.open({**spec, "open": True}, context=context), loc, where, "creating")
-
-
-class _Ready:
-    """An already computed value with a future's ``result()``."""
-
-    def __init__(self, value: np.ndarray) -> None:
-        self.value = value
-
-    def result(self) -> np.ndarray:
-        return self.value
-
-
-class PlainArray:
-    """One of our Zarr v3 arrays read without TensorStore: for processes forked from one that used it.
-
-    Understands exactly what :func:`zarr_metadata` writes: the ``bytes`` codec,
-    optionally ``zstd`` or ``blosc``, or one lossy image per inner chunk,
-    optionally inside ``sharding_indexed`` (index at the end), decoded by
-    :func:`codecs.chunk_decoder` (compressed chunks in a thread pool). Bytes
-    come from plain file reads (local) or concurrent byte-range requests
-    through fsspec (object stores; fsspec reopens its connections after
-    fork). Reads are synchronous.
-    """
-
-    def __init__(
-        self, loc: Location, writer: str, field: FieldSpec, commit: int = 0, meta: dict[str, Any] | None = None
-    ) -> None:
-        self.loc = loc
-        self.field = field
-        self.commit = commit
-        self.dir = loc.child(*array_parts(writer, field, commit))
-        self.where = loc.child_url(*array_parts(writer, field, commit))
-        self.fetcher = fetcher(loc)
-        self.dtype = field.np_dtype.newbyteorder("<")
-        try:
-            if meta is None:
-                meta = read_metadata(loc, writer, field, commit)
-            chain = meta["codecs"]
-            self.rows = int(meta["shape"][0])
-            outer = int(meta["chunk_grid"]["configuration"]["chunk_shape"][0])
-        except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
-            raise CorruptionError(f"tensor array {self.where} cannot be opened: {exc}") from exc
-        _check_layout(self.where, meta["shape"], np.dtype(meta["data_type"]), field)
-        self.sharded = chain[0]["name"] == "sharding_indexed"
-        if self.sharded:
-            conf = chain[0]["configuration"]
-            chain, self.chunk_rows = conf["codecs"], int(conf["chunk_shape"][0])
-            if conf.get("index_location", "end") != "end":
-                raise CorruptionError(f"tensor array {self.where}: shard index location {conf['index_location']}")
-        else:
-            self.chunk_rows = outer
-        self.plain = [c.get("name") for c in chain] == ["bytes"]
-        try:
-            self.decode = codecs.chunk_decoder(chain, (self.chunk_rows, *field.shape), field.np_dtype)
-        except ValueError as exc:
-            raise CorruptionError(f"tensor array {self.where}: {exc}") from exc
-        self.per_shard = outer // self.chunk_rows
-        # shard -> (per_shard, 2) offsets and sizes; committed shards never change
-        self._indexes: dict[int, np.ndarray] = {}
-        self._views: dict[int, np.ndarray] = {}  # raw chunks mapped from the disk cache (see _plan)
-
-    @classmethod
-    def open_many(cls, loc: Location, arrays: Sequence[tuple[str, int]], field: FieldSpec) -> list[PlainArray]:
-        """Several ``(writer, commit)`` arrays of ``field``, their metadata fetched together."""
-        paths = [loc.child(*layout.metadata_parts(array_parts(w, field, c))) for w, c in arrays]
-        try:
-            # a commit array's metadata is written once (cacheable); a writer's single array (commit 0) grows
-            blobs = fetcher(loc).read([(p, 0, None) for p in paths], [c > 0 for _, c in arrays])
-        except FileNotFoundError as exc:
-            raise CorruptionError(f"tensor array cannot be opened: {exc}") from exc
-        out = []
-        for (writer, commit), path, blob in zip(arrays, paths, blobs, strict=True):
-            try:
-                meta = json.loads(blob.tobytes())
-            except ValueError as exc:
-                raise CorruptionError(f"tensor array metadata {path} is not JSON: {exc}") from exc
-            out.append(cls(loc, writer, field, commit, meta))
-        return out
-
-    def _chunk_path(self, c: int) -> str:
-        return "/".join(
-            [self.dir, *layout.chunk_parts(c // self.per_shard if self.sharded else c, len(self.field.shape))]
-        )
-
-    def _missing_shards(self, runs: Sequence[Run]) -> list[int]:
-        if not self.sharded:
-            return []
-        S = self.chunk_rows * self.per_shard
-        shards = {s for _, src, n, _ in runs for s in range(src // S, (src + n - 1) // S + 1)}
-        return sorted(s for s in shards if s not in self._indexes)
-
-    def _index_range(self, shard: int) -> Range:
-        size = self.per_shard * 16 + 4  # (offset, nbytes) uint64 pairs, then a CRC-32C
-        return (self._chunk_path(shard * self.per_shard), -size, None)
-
-    def _set_index(self, shard: int, blob: np.ndarray) -> None:
-        if len(blob) != self.per_shard * 16 + 4:
-            raise CorruptionError(f"{self._chunk_path(shard * self.per_shard)}: shard index truncated")
-        self._indexes[shard] = blob[:-4].view("<u8").reshape(self.per_shard, 2)
-
-    def _chunk_range(self, c: int, eid: int) -> Range:
-        """The stored bytes of inner chunk ``c`` (read for episode ``eid``, named in errors)."""
-        path = self._chunk_path(c)
-        if not self.sharded:
-            return (path, 0, None)
-        offset, nbytes = self._indexes[c // self.per_shard][c % self.per_shard].tolist()
-        if offset == _NO_CHUNK:
-            raise CorruptionError(f"{self._what(eid)}: chunk {c} missing from {path}")
-        return (path, offset, offset + nbytes)
-
-    def _what(self, eid: int) -> str:
-        return f"episode {eid}: field {self.field.key!r}" if eid >= 0 else f"field {self.field.key!r}"
-
-    def _plan(self, runs: Sequence[Run], plan: _Plan) -> None:
-        """Add the ranges and copies of ``runs`` to ``plan``.
-
-        Raw rows (the plain ``bytes`` codec) with no cache: only the rows
-        used, one range per run and chunk. Otherwise whole inner chunks (the
-        unit a cache can reuse), each fetched and decoded once per batch; raw
-        chunks from the disk cache stay mapped (:attr:`_views`) and are read
-        without asking the cache again.
-        """
-        R, row_bytes = self.chunk_rows, self.field.step_bytes
-        rows_only = self.plain and not self.fetcher.caching
-        slots: dict[int, int] = {}
-        views = self._views
-        for dst, src, n, eid in runs:
-            row, end = src, src + n
-            while row < end:
-                c, r = divmod(row, R)
-                k = min(end - row, R - r)
-                at = dst + row - src
-                row += k
-                view = views.get(c)
-                if view is not None:
-                    plan.views.append(view)
-                    plan.copies.append((self, len(plan.views) - 1, _VIEW, at, r, k, eid, c))
-                    continue
-                path, start, stop = self._chunk_range(c, eid)
-                hit = None if self.plain else codecs.decoded_cache.get(self._decoded_key(path, start, stop))
-                if hit is not None:
-                    plan.views.append(hit)
-                    plan.copies.append((self, len(plan.views) - 1, _VIEW, at, r, k, eid, c))
-                    continue
-                if rows_only:
-                    if stop is not None and stop - start != R * row_bytes:
-                        raise CorruptionError(f"{self._what(eid)}: chunk {c} of {path} holds {stop - start} bytes")
-                    slot = plan.add((path, start + r * row_bytes, start + (r + k) * row_bytes), False)
-                    plan.copies.append((self, slot, _ROWS, at, r, k, eid, c))
-                else:
-                    if c not in slots:
-                        slots[c] = plan.add((path, start, stop), True)
-                    plan.copies.append((self, slots[c], _CHUNK, at, r, k, eid, c))
-
-    def _decoded_key(self, path: str, start: int | None, stop: int | None) -> tuple[Any, ...] | None:
-        """The decoded-chunk cache key of stored bytes ``[start, stop)`` of ``path``.
-
-        Object-store arrays are written once: the range names its bytes. A
-        local file may be replaced (the single array's last chunk grows with
-        the next commit, vacuum shrinks it): its modification time and size
-        join the key, so a replaced file never matches an older entry.
-        """
-        if not self.loc.is_local:
-            return (path, start, stop)
-        try:
-            st = os.stat(path)
-        except OSError:
-            return None  # the read reports it
-        return (path, start, stop, st.st_mtime_ns, st.st_size)
-
-    def _keep_view(self, c: int, chunk: np.ndarray) -> None:
-        """Keep decoded chunk ``c`` in the decoded-chunk cache, or raw chunk ``c`` (a view of a disk-cache
-        entry's mapping) for later batches."""
-        if not self.plain:
-            codecs.decoded_cache.put(self._decoded_key(*self._chunk_range(c, -1)), chunk)
-        elif self.fetcher.disk is not None:
-            if len(self._views) >= MAX_VIEWS:
-                self._views.clear()
-            self._views[c] = chunk
-
-    def copy_runs(self, out: np.ndarray, runs: list[Run]) -> None:
-        """Copy runs ``(dst row, src row, count, episode id)`` into ``out`` (see :func:`copy_runs_many`)."""
-        copy_runs_many([(self, runs)], out)
-
-    def read(self, start: int, stop: int) -> _Ready:
-        """Rows ``[start, stop)`` (a ready value with ``result()``)."""
-        out = np.empty((stop - start, *self.field.shape), self.field.np_dtype)
-        self.copy_runs(out, [(0, start, stop - start, -1)])
-        return _Ready(out)
-
-
-Run = tuple[int, int, int, int]  # (dst row, src row, count, episode id)
-_ROWS, _CHUNK, _VIEW = 0, 1, 2  # a piece's source: fetched rows, a fetched chunk to decode, a kept chunk view
-MAX_VIEWS = 4096  # raw disk-cache chunks an array keeps mapped
-
-
-class _Plan:
-    """A batch's byte ranges (with their cache flags) and where each piece goes."""
-
-    def __init__(self) -> None:
-        self.ranges: list[Range] = []
-        self.cache: list[bool] = []
-        self.views: list[np.ndarray] = []
-        # (array, slot in ranges or views, kind, dst row, first row in the chunk, rows, episode id, chunk)
-        self.copies: list[tuple[PlainArray, int, int, int, int, int, int, int]] = []
-
-    def add(self, r: Range, cache: bool) -> int:
-        self.ranges.append(r)
-        self.cache.append(cache)
-        return len(self.ranges) - 1
-
-
-def copy_runs_many(items: Sequence[tuple[PlainArray, Sequence[Run]]], out: np.ndarray) -> None:
-    """Copy every array's runs ``(dst row, src row, count, episode id)`` into ``out`` in two fetch rounds.
-
-    Round one fetches the shard indexes not yet known (kept by each array for
-    good: committed shards never change); round two fetches every byte range
-    of every array at once, coalesced per object (:class:`~episodelake.fetch.Fetcher`).
-    Compressed chunks decode in a thread pool. All arrays must share one location.
-    """
-    items = [(arr, runs) for arr, runs in items if runs]
-    if not items:
-        return
-    fetch = items[0][0].fetcher
-    shards = [(arr, s) for arr, runs in items for s in arr._missing_shards(runs)]
-    if shards:
-        blobs = _fetch_or_corrupt(fetch, [arr._index_range(s) for arr, s in shards], [True] * len(shards), items)
-        for (arr, s), blob in zip(shards, blobs, strict=True):
-            arr._set_index(s, blob)
-    plan = _Plan()
-    for arr, runs in items:
-        arr._plan(runs, plan)
-    blobs = _fetch_or_corrupt(fetch, plan.ranges, plan.cache, items) if plan.ranges else []
-    decoded: dict[int, np.ndarray | ValueError] = {}
-    chunks = list({slot: (arr, c) for arr, slot, kind, _, _, _, _, c in plan.copies if kind == _CHUNK}.items())
-    if chunks:
-        pooled = len(chunks) > 1 and not all(arr.plain for _, (arr, _) in chunks)
-        jobs = [(arr, blobs[slot]) for slot, (arr, _) in chunks]
-        results = (codecs.codec_pool().map if pooled else map)(_decode_or_error, jobs)
-        for (slot, (arr, c)), got in zip(chunks, results, strict=True):
-            decoded[slot] = got
-            if not isinstance(got, ValueError):
-                arr._keep_view(c, got)
-    for arr, slot, kind, dst, r, k, eid, c in plan.copies:
-        if kind == _VIEW:
-            out[dst : dst + k] = plan.views[slot][r : r + k]
-        elif kind == _ROWS:
-            blob = blobs[slot]
-            if len(blob) != k * arr.field.step_bytes:
-                raise CorruptionError(f"{arr._what(eid)}: chunk {c} of {plan.ranges[slot][0]} is truncated")
-            out[dst : dst + k] = blob.view(arr.dtype).reshape(k, *arr.field.shape)
-        else:
-            got = decoded[slot]
-            if isinstance(got, ValueError):
-                raise CorruptionError(f"{arr._what(eid)}: chunk {c} of {plan.ranges[slot][0]} {got}") from got
-            out[dst : dst + k] = got[r : r + k]
-
-
-def _decode_or_error(job: tuple[PlainArray, np.ndarray]) -> np.ndarray | ValueError:
-    arr, blob = job
-    try:
-        return arr.decode(cast(bytes, blob))  # any buffer decodes; the ndarray avoids a copy
-    except ValueError as exc:
-        return exc
-
-
-def _fetch_or_corrupt(
-    fetch: Fetcher, ranges: list[Range], cache: list[bool], items: Sequence[tuple[PlainArray, Sequence[Run]]]
-) -> list[np.ndarray]:
-    try:
-        return fetch.read(ranges, cache)
-    except FileNotFoundError as exc:  # a committed object is gone: name an episode reading from it
-        for arr, runs in items:
-            if arr.dir in str(exc):
-                eid = runs[0][3]
-                who = f"episode {eid}: field {arr.field.key!r}" if eid >= 0 else f"field {arr.field.key!r}"
-                raise CorruptionError(f"{who}: {exc}") from exc
-        raise CorruptionError(str(exc)) from exc
-
-
-def read_many(requests: Sequence[tuple[TensorArray | PlainArray, int, int]]) -> list[np.ndarray]:
-    """Read several row ranges at once: all reads are issued before any is awaited.
-
-    Every read is awaited even after one failed (its ``ValueError`` is raised
-    then), so no read is left in flight inside TensorStore.
-    """
-    for arr, start, stop in requests:
-        if stop > arr.rows:
-            raise CorruptionError(f"{arr.where}: rows [{start}, {stop}) requested but the array has {arr.rows} rows")
-    planned: dict[str, list[int]] = {}  # field key -> requests read by the planned reader, in one fetch round
-    for i, (arr, _, _) in enumerate(requests):
-        if isinstance(arr, PlainArray):
-            planned.setdefault(arr.field.key, []).append(i)
-    futures: list[Any] = [None if isinstance(arr, PlainArray) else arr.read(a, b) for arr, a, b in requests]
-    for group in planned.values():
-        for i, value in zip(group, _read_planned([requests[i] for i in group]), strict=True):
-            futures[i] = _Ready(value)
-    out: list[np.ndarray] = []
-    failure: tuple[ValueError, TensorArray | PlainArray] | None = None
-    for (arr, _, _), future in zip(requests, futures, strict=True):
-        try:
-            out.append(future.result())
-        except ValueError as exc:
-            failure = failure or (exc, arr)
-    if failure is not None:
-        error, arr = failure
-        if isinstance(arr, TensorArray) and arr._loc is not None:
-            err = fault(error, arr._loc, arr.where, "reading")
-            if err is not error:  # the storage failed, not the data (callers call a ValueError corruption)
-                raise err from error
-        raise error
-    return out
-
-
-def _read_planned(requests: Sequence[tuple[TensorArray | PlainArray, int, int]]) -> list[np.ndarray]:
-    """Row ranges of planned-reader arrays of one field, every byte range fetched in one round."""
-    field = requests[0][0].field
-    ends = np.cumsum([stop - start for _, start, stop in requests])
-    flat = np.empty((int(ends[-1]) if len(ends) else 0, *field.shape), field.np_dtype)
-    runs: dict[int, tuple[PlainArray, list[Run]]] = {}
-    for (arr, start, stop), end in zip(requests, ends, strict=True):
-        assert isinstance(arr, PlainArray)
-        runs.setdefault(id(arr), (arr, []))[1].append((int(end) - (stop - start), start, stop - start, -1))
-    copy_runs_many(list(runs.values()), flat)
-    return np.split(flat, ends[:-1])
