@@ -151,6 +151,118 @@ def test_to_numpy_flat_and_padded(two):
         assert not padded["observation/state"][i, r.length + 1 :].any()
 
 
+@pytest.fixture
+def cat_and_union(two):
+    """A concat of the two sources and, built independently from the same raw episodes, one dataset of their union."""
+    demos, online, raws, _ = two
+    union, _ = build([], None)
+    union.append_episodes(r.as_dict(unwrap_action=True) for r in raws[0] + raws[1])
+    union.flush()
+    return el.concat([demos, online]), union
+
+
+def _same_arrays(got, want, skip=("episode_id", "source")):
+    assert set(got) - set(skip) == set(want) - set(skip)
+    for key in set(want) - set(skip):
+        np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+
+
+def test_every_read_method_gives_what_a_dataset_of_the_union_gives(cat_and_union):
+    cat, union = cat_and_union
+    assert len(cat) == len(union) == 10 and cat.num_steps == union.num_steps == 57
+    for pad in (False, True):
+        _same_arrays(cat.to_numpy(pad=pad), union.to_numpy(pad=pad))
+    got, want = cat.stats(), union.stats()
+    assert got.keys() == want.keys()
+    for key in want:
+        for part in want[key]:
+            np.testing.assert_allclose(got[key][part], want[key][part], rtol=1e-9, err_msg=f"{key} {part}")
+    mine, theirs = list(cat.episodes()), list(union.episodes())
+    assert [e.length for e in mine] == [e.length for e in theirs]
+    assert [e.meta for e in mine] == [e.meta for e in theirs]
+    for i in (0, 3, 4, 9, -1, -10):
+        a, b = cat.episode(i), union.episode(i)
+        assert (a.length, a.terminated, a.truncated, a.meta) == (b.length, b.terminated, b.truncated, b.meta)
+        np.testing.assert_array_equal(a.read().obs.state, b.read().obs.state)
+    with pytest.raises(IndexError, match=r"episode index 10 out of range for 10 episodes"):
+        cat.episode(10)
+    with pytest.raises(TypeError, match=r"episode index must be an int"):
+        cat.episode(1.0)
+    with pytest.raises(el.ArgumentError, match=r"exactly one of them"):
+        cat.episode()
+    assert cat.episode_ids.tolist() == cat.sources[0].episode_ids.tolist() + cat.sources[1].episode_ids.tolist()
+    query = "SELECT task, count(*), sum(length) FROM episodes WHERE length > ? GROUP BY task ORDER BY task"
+    for params in ([1], [5]):
+        assert cat.sql(query, params).fetchall() == union.sql(query, params).fetchall()
+    steps = "SELECT count(*) AS n, sum(reward) AS r FROM steps WHERE t >= $t"
+    np.testing.assert_allclose(
+        cat.sql(steps, {"t": 2}).fetchall(), union.sql(steps, {"t": 2}).fetchall(), rtol=1e-6
+    )  # fmt: skip
+    assert cat.sql("SET threads = 1") is None and union.sql("SET threads = 1") is None
+    for collection in (cat, union):
+        with pytest.raises(el.QueryError, match=r"sandboxed SQL must be exactly one SELECT"):
+            collection.sql("SELECT 1; SELECT 2", sandbox=True)
+        with pytest.raises(el.QueryError, match=r"read_csv\('x.csv'\).*: refused, sandboxed SQL reads nothing but"):
+            collection.sql("SELECT count(*) FROM read_csv('x.csv')", sandbox=True).fetchall()
+
+
+def test_sql_returns_the_datasets_lazy_result(cat_and_union):
+    cat, union = cat_and_union
+    got = cat.sql("SELECT length FROM episodes ORDER BY source, episode_id")
+    want = union.sql("SELECT length FROM episodes ORDER BY episode_id")
+    assert type(got) is type(want)
+    assert got.columns == want.columns == ["length"] and got.types == want.types
+    assert got.fetchone() == want.fetchone() == (3,)
+    assert got.fetchmany(2) == want.fetchmany(2) == [(8,), (5,)]
+    assert got.to_arrow_table().equals(want.to_arrow_table())
+    assert [b.num_rows for b in got.arrow(batch_size=4)] == [4, 4, 2]
+
+
+def test_where_and_select_episodes_take_params_as_on_a_dataset(cat_and_union):
+    cat, union = cat_and_union
+    for predicate, params in (
+        ("length > ?", [4]),
+        ("length BETWEEN $lo AND $hi AND task = $task", {"lo": 2, "hi": 8, "task": "pick"}),
+        ("length > 5 -- a trailing comment", None),
+    ):
+        mine, theirs = cat.where(predicate, params), union.where(predicate, params)
+        assert len(mine) == len(theirs) > 0
+        _same_arrays(mine.to_numpy(), theirs.to_numpy())
+        again = mine.where("length < ?", [8])  # views compose
+        _same_arrays(again.to_numpy(), theirs.where("length < ?", [8]).to_numpy())
+    assert [len(s) for s in cat.where("source = ? AND length > ?", [1, 5]).sources] == [0, 3]
+    chosen = cat.select_episodes("SELECT source, episode_id FROM episodes WHERE length < ?", [5])
+    theirs = union.select_episodes("SELECT episode_id FROM episodes WHERE length < ?", [5])
+    _same_arrays(chosen.to_numpy(), theirs.to_numpy())
+    for collection in (cat, union):
+        with pytest.raises(el.QueryError, match=r"invalid where\(\) predicate 'length > \?'.*pass params="):
+            collection.where("length > ?")
+        with pytest.raises(el.QueryError, match=r"invalid where\(\) predicate 'length > 1\) OR \(true'"):
+            collection.where("length > 1) OR (true")
+        with pytest.raises(el.ArgumentError, match=r"where\(\): params must be a list"):
+            collection.where("length > ?", 3)
+    with pytest.raises(el.QueryError, match=r"must return source and episode_id columns"):
+        cat.select_episodes("SELECT episode_id FROM episodes")
+    with pytest.raises(el.QueryError, match=r"source must be a source index in \[0, 2\)"):
+        cat.select_episodes("SELECT 2 AS source, episode_id FROM episodes")
+    narrowed = cat.where("source = 1 AND length > 5")
+    left_out = int(np.setdiff1d(cat.sources[1].episode_ids, narrowed.sources[1].episode_ids)[0])
+    with pytest.raises(el.QueryError, match=rf"episode ids not in source 1: \[{left_out}\]"):
+        narrowed.select_episodes(f"SELECT 1 AS source, {left_out} AS episode_id")
+
+
+def test_episode_by_id_names_the_ambiguity(two):
+    demos, _, _, _ = two
+    cat = el.concat([demos, demos.where("length > 5")])  # ids are unique within a source only
+    both = int(np.intersect1d(cat.sources[0].episode_ids, cat.sources[1].episode_ids)[0])
+    with pytest.raises(el.ArgumentError, match=rf"episode id {both} is in sources \[0, 1\]"):
+        cat.episode(id=both)
+    only = int(np.setdiff1d(cat.sources[0].episode_ids, cat.sources[1].episode_ids)[0])
+    assert cat.episode(id=only).length == demos.episode(id=only).length
+    with pytest.raises(KeyError, match=r"no episode with id 999"):
+        cat.episode(id=999)
+
+
 def test_sample_transitions_mix_by_weight_and_are_exact(two):
     demos, online, _, by_key = two
     weighted = el.concat([demos, online], weights=[1, 3])
@@ -228,7 +340,7 @@ def test_segment_stream_without_weights_is_uniform_over_segments(two):
 
 def test_segment_stream_arguments(two):
     demos, online, _, by_key = two
-    with pytest.raises(el.ArgumentError, match=r"per-episode weights= on a concat need source weights"):
+    with pytest.raises(el.ArgumentError, match=r"segment_stream: per-episode el.Weighted on a concat needs source weights"):
         el.concat([demos, online]).segment_stream(4, sampler=el.Weighted("length"))
     with pytest.raises(el.ArgumentError, match=r"window: give both context and target"):
         el.concat([demos, online]).segment_stream(el.Window(context=4))

@@ -112,11 +112,11 @@ def test_trajectory_batches_pad_mask_and_align(lengths, batch_size, pad_value, s
 def test_ordered_and_shuffled_passes_visit_every_episode_once():
     ds, _ = build([2, 5, 3, 9, 1, 4, 6])
     ids = ds.episode_ids.tolist()
-    ordered = ds.trajectories(3, shuffle=False)
+    ordered = ds.trajectories(3, sampler=el.Sequential())
     assert len(ordered) == 3
     assert [i for b in ordered for i in b.episode_id.tolist()] == ids
     assert [len(b.episode_id) for b in ordered] == [3, 3, 1]  # a second for loop runs the next pass
-    perm = ds.trajectories(3, replacement=False, seed=5, drop_last=True)
+    perm = ds.trajectories(3, sampler=el.Uniform(replacement=False), seed=5, drop_last=True)
     assert len(perm) == 2
     first = [i for b in perm for i in b.episode_id.tolist()]
     assert len(first) == 6 and len(set(first)) == 6 and set(first) <= set(ids)
@@ -137,7 +137,7 @@ def test_with_replacement_is_uniform_over_episodes():
 
 def test_state_dict_resumes_exactly():
     ds, _ = build([2, 5, 3, 9, 1, 4])
-    for kwargs in ({"seed": 2}, {"replacement": False, "seed": 3}, {"shuffle": False}):
+    for kwargs in ({"seed": 2}, {"sampler": el.Uniform(replacement=False), "seed": 3}, {"sampler": el.Sequential()}):
         s = ds.trajectories(4, **kwargs)
         s.sample()
         state = s.state_dict()
@@ -151,7 +151,7 @@ def test_state_dict_resumes_exactly():
     with pytest.raises(el.ArgumentError, match=r"batch_size is 4 in the saved state but 5 here"):
         ds.trajectories(5, seed=2).load_state_dict(state)
     with pytest.raises(el.ArgumentError, match=r"mode is 'random' in the saved state but 'ordered' here"):
-        ds.trajectories(4, shuffle=False).load_state_dict(state)
+        ds.trajectories(4, sampler=el.Sequential()).load_state_dict(state)
 
 
 def test_where_filter_and_bad_arguments():
