@@ -34,10 +34,19 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .core.errors import ArgumentError, EpisodeLakeError, QueryError, SchemaError
+from .core.errors import ArgumentError, QueryError, SchemaError
 from .core.schema import DatasetSchema
 from .dataset import Dataset, DatasetView, EpisodeRef
-from .read.query import SQLResult, Views, check_selection, database, positions_in, sql_over, where_condition
+from .read.query import (
+    SQLResult,
+    Views,
+    check_selection,
+    database,
+    positions_in,
+    query_failure,
+    sql_over,
+    where_condition,
+)
 from .read.selection import select
 from .sampling.batch import SegmentBatch, Transitions
 from .sampling.options import Shard, Strategy, Weighted, Window, sampler_of, window_of
@@ -412,8 +421,8 @@ class _Stacked:
             cur.execute(f"CREATE OR REPLACE TEMP VIEW {name} AS " + " UNION ALL BY NAME ".join(parts))
         return cur
 
-    def failure(self, exc: duckdb.Error, what: str) -> EpisodeLakeError:
-        return QueryError(f"{what}: {exc}")  # the stacked tables are in memory: a failure is the query's
+    def failure(self, exc: duckdb.Error, what: str) -> QueryError:
+        return query_failure(exc, what)  # the stacked tables are in memory: a failure is the query's
 
     def answer(self, body: Callable[[Views], T]) -> T:
         return body(self)

@@ -85,6 +85,14 @@ REPLANS = 3  # moves to a newer version when another process keeps rewriting the
 T = TypeVar("T")
 
 
+def query_failure(exc: duckdb.Error, what: str) -> QueryError:
+    """The QueryError of a query DuckDB refused (``what`` names it), a sandbox refusal said as such."""
+    if isinstance(exc, duckdb.PermissionException):
+        refused = "refused, sandboxed SQL reads nothing but the dataset's episodes and steps views"
+        return QueryError(f"{what}: {refused}: {exc}")
+    return QueryError(f"{what}: {exc}")
+
+
 class _SnapshotSQL:
     """Per-snapshot state: a DuckDB connection, the in-memory index table and the statistics table."""
 
@@ -142,11 +150,7 @@ class _SnapshotSQL:
         query's fault (QueryError), a sandbox refusal included.
         """
         if not any(scan in str(exc) for scan in SCANS):
-            if isinstance(exc, duckdb.PermissionException):
-                return QueryError(
-                    f"{what}: refused, sandboxed SQL reads nothing but the dataset's episodes and steps views: {exc}"
-                )
-            return QueryError(f"{what}: {exc}")
+            return query_failure(exc, what)
         self.check_files(again=True)  # Arrow caches footers, so list again rather than re-read to find the file
         return self.snap.unreadable(None, exc)  # a storage fault, else the damaged file named
 
