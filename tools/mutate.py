@@ -3,12 +3,13 @@
 usage (from the repository root, with the project's venv active)::
 
     python tools/mutate.py [--per-module 3] [--seed 0] [--timeout 300] [--copy /tmp/episodelake-mut]
-                           [--modules segment_index samplers ...] [--named-only] [--rerun RESULTS.jsonl]
-                           [--out mutation-results.jsonl]
+                           [--modules sampling/segment_index sampling/samplers ...] [--named-only]
+                           [--rerun RESULTS.jsonl] [--out mutation-results.jsonl]
 
 The committed tree at ``--rev`` (``git archive``, default HEAD) is unpacked
 into ``--copy`` first; nothing under this checkout is ever modified. For each
-module of :data:`MODULE_TESTS` the script lists every one-line mutation of
+module of :data:`MODULE_TESTS` (named by its path under ``src/episodelake/``,
+``read/query`` for ``read/query.py``) the script lists every one-line mutation of
 the kinds in :data:`OPERATORS` (comparisons off by one or flipped, ``and``/
 ``or``, a dropped ``not``, ``min``/``max`` swapped, constants ±1, a removed
 ``raise``/``return``/``continue``, a removed ``.result()``/``.wait()``),
@@ -53,29 +54,30 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PKG = "src/episodelake"
 
-# module -> the test files that cover it (existing ones, plus the property tests written for its survivors)
+# module (its path under src/episodelake/, no .py) -> the test files that cover it (existing ones, plus the property
+# tests written for its survivors)
 MODULE_TESTS: dict[str, list[str]] = {
-    "segment_index": ["test_sampling.py", "test_properties_sampling.py"],
-    "samplers": ["test_priority.py", "test_properties_sampling.py", "test_properties_priority.py"],
-    "sumtree": ["test_priority.py", "test_properties_priority.py"],
-    "stream": ["test_sampling.py", "test_properties_sampling.py"],
-    "selection": ["test_query.py", "test_properties_selection.py"],
-    "query": [
+    "sampling/segment_index": ["test_sampling.py", "test_properties_sampling.py"],
+    "sampling/samplers": ["test_priority.py", "test_properties_sampling.py", "test_properties_priority.py"],
+    "sampling/sumtree": ["test_priority.py", "test_properties_priority.py"],
+    "sampling/stream": ["test_sampling.py", "test_properties_sampling.py"],
+    "read/selection": ["test_query.py", "test_properties_selection.py"],
+    "read/query": [
         "test_query.py", "test_table_corruption.py", "test_properties_selection.py", "test_sql_faults.py",
         "test_sql_sandbox.py",
     ],
-    "priority": ["test_priority.py", "test_properties_priority.py"],
-    "commit": [
+    "sampling/priority": ["test_priority.py", "test_properties_priority.py"],
+    "write/commit": [
         "test_exit_commit.py::test_normal_exit_commits_finished_episodes",
         "test_exit_commit.py::test_a_forked_child_never_commits_the_parents_episodes",
         "test_read_your_writes.py",
         "test_properties_commit.py",
     ],
-    "writer": ["test_roundtrip.py", "test_outcome_meta.py", "test_properties_commit.py"],
-    "snapshot": ["test_corruption.py", "test_properties_verify.py"],
-    "location": ["test_location.py", "test_secrets.py", "test_properties_location.py"],
-    "fetch": ["test_snapshot_reads.py", "test_fork_workers.py"],
-    "batching": ["test_sampling.py", "test_properties_sampling.py"],
+    "write/writer": ["test_roundtrip.py", "test_outcome_meta.py", "test_properties_commit.py"],
+    "read/snapshot": ["test_corruption.py", "test_properties_verify.py"],
+    "storage/location": ["test_location.py", "test_secrets.py", "test_properties_location.py"],
+    "storage/fetch": ["test_snapshot_reads.py", "test_fork_workers.py"],
+    "read/batching": ["test_sampling.py", "test_properties_sampling.py"],
     "dataset": ["test_read_your_writes.py", "test_properties_read_your_writes.py"],
 }
 # modules drawn from when --modules is not given (dataset.py only carries a named mutation)
@@ -128,37 +130,37 @@ DROPPED = {ast.Raise: "drop-raise", ast.Return: "drop-return", ast.Continue: "dr
 NAMED: list[tuple[str, str, str, str]] = [
     (
         "last starts of each episode never sampled",
-        "segment_index",
+        "sampling/segment_index",
         "j = np.floor(rng.random(n) * self.shard_counts[k]).astype(np.int64)",
         "j = np.floor(rng.random(n) * (self.shard_counts[k] - 1)).astype(np.int64)",
     ),
     (
         "a filter on a view widens back to the parent",
-        "query",
-        'cur.register("episode_index", state.index_table(collection.positions if _is_view(collection) else None))',
+        "read/query",
+        'cur.register("episode_index", state.index_table(subset(collection, snap)))',
         'cur.register("episode_index", state.index_table(None))',
     ),
     (
         "the table commit no longer waits for its tensor writes",
-        "commit",
+        "write/commit",
         "            try:\n                w.result()\n",
         "            try:\n                pass\n",
     ),
     (
         "a cached verification skips the second read of a corrupt episode",
-        "snapshot",
+        "read/snapshot",
         "        try:\n            rows = read_many([(arr, start, stop)])[0]\n",
         "        self._verified.add((f.key, p))\n        try:\n            rows = read_many([(arr, start, stop)])[0]\n",
     ),
     (
         "priorities updated for items no longer in the collection",
-        "samplers",
+        "sampling/samplers",
         "self._tree.update(idx, self._powered(p) * self._live[idx], unique=True)",
         "self._tree.update(idx, self._powered(p), unique=True)",
     ),
     (
         "a forked child commits its parent's episodes at its own exit",
-        "commit",
+        "write/commit",
         "if sink.pid != os.getpid() or sink.store.location.ephemeral:",
         "if sink.store.location.ephemeral:",
     ),
@@ -170,7 +172,7 @@ NAMED: list[tuple[str, str, str, str]] = [
     ),
     (
         "credentials matched case-sensitively",
-        "location",
+        "storage/location",
         "lowered = str(name).lower()",
         "lowered = str(name)",
     ),
@@ -385,7 +387,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=60, help="per-mutant floor; the limit is max(this, 3 x baseline)")
     ap.add_argument("--copy", type=Path, default=Path("/tmp/episodelake-mut"))
-    ap.add_argument("--modules", nargs="*", default=DEFAULT_MODULES)
+    ap.add_argument("--modules", nargs="*", default=DEFAULT_MODULES, help="paths under src/episodelake/, no .py")
     ap.add_argument("--named-only", action="store_true")
     ap.add_argument("--rerun", type=Path, help="run only the survivors recorded in this results file")
     ap.add_argument("--out", type=Path, default=Path("mutation-results.jsonl"))
@@ -395,6 +397,9 @@ def main() -> None:
     ap.add_argument("--pause", type=Path, default=Path("/tmp/mutate.pause"), help="waits while it exists")
     ap.add_argument("--list", action="store_true", help="print the mutants and exit")
     args = ap.parse_args()
+    unknown = [m for m in args.modules if m not in MODULE_TESTS]
+    if unknown:
+        ap.error(f"no tests mapped for {unknown}; modules: {' '.join(MODULE_TESTS)}")
 
     modules = list(dict.fromkeys([*args.modules, *(m for _, m, _, _ in NAMED)]))
     copy_tree(args.copy, args.rev)
