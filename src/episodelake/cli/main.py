@@ -191,6 +191,23 @@ def cmd_plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_view(args: argparse.Namespace) -> int:
+    """Serve the viewer (docs/viewer.md) until Ctrl-C, which ends it with status 0."""
+    from ..dataset import Dataset
+    from ..viewer import start
+
+    ds = Dataset.open(args.path, args.version, storage_options=args.options, read_only=True, cache_dir=args.cache_dir)
+    server = start(ds, args.where, args.host, args.port)
+    print(f"episodelake viewer of {ds.location.url} at {server.url} (Ctrl-C stops it)", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0
+
+
 def _print_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
     """Rows as aligned text columns (numbers right-aligned)."""
     cells = [[str(h) for h in header]] + [["NULL" if v is None else str(v) for v in row] for row in rows]
@@ -477,6 +494,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("history", cmd_history, "the table's commit history (versions for --version / time travel)")
     dataset_args(p)
+
+    p = command("view", cmd_view, "browse episodes in a local web app: list, filter, videos, plots (Ctrl-C stops)")
+    p.add_argument("path", help="dataset path or URL")
+    p.add_argument("--version", type=int, default=None, help="view this table version (default: latest)")
+    options(p)
+    p.add_argument("--cache-dir", default=None, help="object stores: cache tensor bytes on disk there")
+    p.add_argument("--where", default=None, help="open the list filtered by this SQL predicate")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8765, help="port to listen on (default 8765; 0: any free port)")
 
     p = command("lineage", cmd_lineage, "what a saved stream state trains on: dataset, version, sampler, position")
     p.add_argument("state", help="a state file written by el.save_state(stream.state_dict(), path)")
