@@ -372,12 +372,6 @@ def _view_ids(collection: EpisodeCollection, snap: Snapshot) -> np.ndarray | Non
     return None if chosen is None else snap.index["episode_id"][chosen]
 
 
-def connect(collection: EpisodeCollection, sandbox: bool = False) -> duckdb.DuckDBPyConnection:
-    """A fresh DuckDB cursor with the ``episodes`` and ``steps`` views of ``collection`` (sandboxed if asked)."""
-    snap = collection.snapshot()
-    return _cursor(snap, _view_ids(collection, snap), sandbox)
-
-
 class Views(Protocol):
     """Where a query's ``episodes`` and ``steps`` views come from: one collection's snapshot, or a concat's stack."""
 
