@@ -28,29 +28,32 @@ from episodelake.core.transforms import FrameTransform
 CASES: dict[str, tuple[list[tuple[str, str, Any]], dict[str, Any]]] = {
     "permutation_sharded": (
         [("where", "length > $n", {"n": 4})],
-        {"sequence_length": 3, "batch_size": 4, "seed": 11, "replacement": False, "shard": (1, 3)},
+        {"window": 3, "batch_size": 4, "seed": 11, "sampler": el.Uniform(replacement=False), "shard": (1, 3)},
     ),
     "weighted_sql": (
         [("where", "task = ?", ["pick"])],
         {
-            "sequence_length": 5,
+            "window": el.Window(5, pad=None, stride=2),
             "batch_size": 3,
             "seed": 5,
-            "weights": "length * 1.0",
-            "pad": None,
-            "stride": 2,
+            "sampler": el.Weighted("length * 1.0"),
             "transform": {"observation/camera": FrameTransform(crop=(1, 1, 6, 6), resize=(4, 4), layout="HWC")},
         },
     ),
     "prioritized_context": (
         [],
-        {"context_length": 2, "target_length": 2, "batch_size": 5, "seed": 3, "priority": "1.0 + length"},
+        {
+            "window": el.Window(context=2, target=2),
+            "batch_size": 5,
+            "seed": 3,
+            "sampler": el.Prioritized("1.0 + length"),
+        },
     ),
-    "ordered_unseeded": ([], {"sequence_length": 2, "batch_size": 6, "shuffle": False, "shard": (0, 2)}),
+    "ordered_unseeded": ([], {"window": 2, "batch_size": 6, "sampler": el.Sequential(), "shard": (0, 2)}),
     "uniform_fresh_seed": (
         [("select_episodes", "SELECT episode_id FROM episodes WHERE success", None)],
         {
-            "sequence_length": 4,
+            "window": 4,
             "batch_size": 2,
         },
     ),
@@ -62,7 +65,8 @@ def build(ds: el.Dataset, case: str) -> Any:
     collection: Any = ds
     for kind, sql, params in steps:
         collection = getattr(collection, kind)(sql, params)
-    return collection.segment_stream(**kwargs)
+    kwargs = dict(kwargs)
+    return collection.segment_stream(kwargs.pop("window"), **kwargs)
 
 
 def new_priorities(batch: Any) -> np.ndarray:
