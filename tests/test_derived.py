@@ -149,7 +149,7 @@ def test_time_travel_sees_the_values_of_each_version(tmp_path):
     latest = el.Dataset.open(path).sql("SELECT priority FROM episodes ORDER BY episode_id").fetchnumpy()["priority"]
     assert sorted(latest.tolist()) == [2.0] * 6 + [3.0] * 2
     with pytest.raises(ReadOnlyError):
-        el.Dataset.open(path, version=first).update({"priority": [0.0] * 8})
+        el.Dataset.open(path, version=first).columns.update({"priority": [0.0] * 8})
 
 
 def test_update_by_ids_where_and_all(tmp_path):
