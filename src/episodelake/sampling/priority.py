@@ -84,13 +84,8 @@ def prioritized_sampler(sampler: Any, seed: Any) -> PrioritizedSampler | None:
     if isinstance(sampler, PrioritizedSampler):
         return sampler
     if isinstance(sampler, Prioritized):
-        return PrioritizedSampler(sampler.alpha, sampler.beta, seed)
+        return PrioritizedSampler(sampler.alpha, sampler.beta, seed, priority=sampler.priority)
     return None
-
-
-def priority_of(sampler: Any) -> Any:
-    """The starting priorities an ``el.Prioritized`` gives; None (the largest seen) for a kept PrioritizedSampler."""
-    return sampler.priority if isinstance(sampler, Prioritized) else None
 
 
 def bind(

@@ -115,8 +115,9 @@ class PrioritizedSampler:
     (``batch.indices``) stays valid while the collection grows, narrows or
     loses episodes (their slots then drop out of the draw; an update to them
     is kept but not drawn). Items the sampler has not seen before get the
-    priorities the caller offers (``priority=``) or, without them, the
-    largest priority seen so far (1.0 at first), as in the paper.
+    starting priorities ``priority`` gives (as ``el.Prioritized(priority)``
+    does: see :mod:`episodelake.priority`) or, without it, the largest
+    priority seen so far (1.0 at first), as in the paper.
 
     :meth:`draw` returns the sampled items, their slots and importance weights
     ``w_i = (N * P(i)) ** -beta / max_batch w`` (``N``: items in the current
@@ -126,10 +127,16 @@ class PrioritizedSampler:
     """
 
     def __init__(
-        self, alpha: float = 0.6, beta: float = 0.4, seed: int | Sequence[int] | np.random.Generator | None = None
+        self,
+        alpha: float = 0.6,
+        beta: float = 0.4,
+        seed: int | Sequence[int] | np.random.Generator | None = None,
+        *,
+        priority: Any = None,
     ) -> None:
         self.alpha = check_exponent(alpha, "alpha")
         self.beta = check_exponent(beta, "beta")
+        self.priority = priority  # new items' starting priorities (None: the largest seen), read when bound
         self.rng = np.random.default_rng(seed)
         self.max_priority = 1.0
         self._tree = SumTree()

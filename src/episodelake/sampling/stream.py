@@ -36,7 +36,7 @@ from .batch import SegmentBatch
 from .options import KINDS, Prioritized, Shard, Strategy, Weighted, Window, kind_of, sampler_of, shard_of, window_of
 from .planner import _Planner
 from .prefetch import _END, _Prefetcher
-from .priority import bind, prioritized_sampler, priority_of
+from .priority import bind, prioritized_sampler
 from .samplers import PrioritizedSampler, Sampler, UniformSampler, WeightedSampler
 from .segment_index import SegmentIndex, check_positive, check_seed
 
@@ -195,7 +195,7 @@ class SegmentStream:
             self.index.sample_uniform(np.random.default_rng(0), 0)  # fail now if there is nothing to sample
             if kind == "prioritized":  # the stream's own: seeded like the built-in samplers
                 per.rng = np.random.default_rng(seed if self.index.world == 1 else [seed, self.index.rank])
-            bind(per, collection, snap, positions, self.index, priority_of(strategy))
+            bind(per, collection, snap, positions, self.index, per.priority)
             built = per
         params = {
             "sequence_length": L,

@@ -51,7 +51,7 @@ from ..read.selection import episode_weights, select
 from ..read.snapshot import Snapshot
 from .batch import Transitions
 from .options import Strategy, Weighted, kind_of, sampler_of
-from .priority import bind, prioritized_sampler, priority_of
+from .priority import bind, prioritized_sampler
 from .samplers import Sampler
 from .segment_index import SegmentIndex, check_positive, check_seed
 
@@ -161,7 +161,8 @@ def sample_transitions(
     given priorities), a :class:`~episodelake.samplers.Sampler` over
     transition ids, or a :class:`~episodelake.samplers.PrioritizedSampler`
     (kept across calls: its own generator, ``alpha``, ``beta``; transitions
-    it has not seen start at the largest priority seen). A prioritized batch
+    it has not seen start at its ``priority``, else at the largest priority
+    seen). A prioritized batch
     has ``indices`` and ``weights`` (see
     :class:`~episodelake.samplers.PrioritizedSampler`). ``transform``: per
     field, a :class:`~episodelake.transforms.FrameTransform` or callable
@@ -185,7 +186,7 @@ def sample_transitions(
     index = transition_index(snap, positions)
     drawn: tuple[np.ndarray, np.ndarray] | None = None
     if per is not None:
-        bind(per, collection, snap, positions, index, priority_of(strategy))
+        bind(per, collection, snap, positions, index, per.priority)
         local, slots, importance = per.draw(B)
         drawn = (slots, importance)
     elif custom:
