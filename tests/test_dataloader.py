@@ -8,6 +8,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
+import episodelake as el
+
 torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader  # noqa: E402
 
@@ -57,7 +59,7 @@ def single_process_multiset(segs):
 @pytest.mark.parametrize("pad", ["suffix", "prefix"])
 def test_forked_workers_match_single_process(raw_lake, pad):
     ds, raw = raw_lake
-    segs = ds.segments(6, pad=pad)
+    segs = ds.segments(el.Window(6, pad=pad))
     batches, got = loader_multiset(segs, "fork", shuffle=True)
     assert got == single_process_multiset(segs)
     for b in batches:
@@ -66,7 +68,7 @@ def test_forked_workers_match_single_process(raw_lake, pad):
 
 def test_spawned_workers_read_compressed_tensors(zstd_lake):
     ds, raw = zstd_lake
-    segs = ds.segments(5, pad="suffix", stride=2)
+    segs = ds.segments(el.Window(5, pad="suffix", stride=2))
     batches, got = loader_multiset(segs, "spawn")
     assert got == single_process_multiset(segs)
     check_batch(batches[0], raw_by_id(ds, raw), 5)

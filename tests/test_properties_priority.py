@@ -64,7 +64,7 @@ def test_a_stream_never_draws_a_deleted_episode_after_its_priorities_are_raised(
     ds.append_episodes(
         {"observations": r.obs["state"][:, :2], "actions": r.action["action"], "rewards": r.reward} for r in raws
     )
-    stream = ds.segment_stream(sequence_length=2, batch_size=64, seed=0, prefetch=0, priority=1.0, alpha=ALPHA)
+    stream = ds.segment_stream(2, batch_size=64, seed=0, prefetch=0, sampler=el.Prioritized(1.0, alpha=ALPHA))
     batch = stream.sample()
     gone = int(batch.episode_id[0])
     held = batch.indices[batch.episode_id == gone]
@@ -83,4 +83,4 @@ def test_a_step_field_priority_must_be_a_numeric_scalar(tmp_path):
     ds = el.Dataset.create(robot_schema(image=False), str(tmp_path / "ds"))
     ds.append_episodes(random_episode(rng, 5, image=False).as_dict(unwrap_action=True) for _ in range(3))
     with pytest.raises(el.ArgumentError, match=r"observation/state.*numeric scalar"):
-        ds.segment_stream(sequence_length=2, priority="observation/state").sample()
+        ds.segment_stream(2, sampler=el.Prioritized("observation/state")).sample()

@@ -49,10 +49,10 @@ def drawn_until_covered(next_batch, expected: set[tuple[int, int]]) -> set[tuple
 
 
 SAMPLING = {
-    "uniform": {},
-    "weights-sql": {"weights": "1 + length % 3"},
-    "weights-array": {"weights": np.arange(1.0, len(LENGTHS) + 1)},
-    "prioritized": {"priority": 1.0, "alpha": 0.6},
+    "uniform": el.Uniform(),
+    "weights-sql": el.Weighted("1 + length % 3"),
+    "weights-array": el.Weighted(np.arange(1.0, len(LENGTHS) + 1)),
+    "prioritized": el.Prioritized(1.0, alpha=0.6),
 }
 
 
@@ -61,9 +61,8 @@ SAMPLING = {
 @pytest.mark.parametrize("how", list(SAMPLING))
 def test_every_valid_start_is_drawn_and_nothing_else(lake, how, pad, stride):
     ds, ids = lake
-    stream = ds.segment_stream(
-        sequence_length=L, batch_size=64, seed=3, pad=pad, stride=stride, prefetch=0, **SAMPLING[how]
-    )
+    window = el.Window(L, pad=pad, stride=stride)
+    stream = ds.segment_stream(window, batch_size=64, seed=3, prefetch=0, sampler=SAMPLING[how])
     expected = reference(ids, pad, stride)
     assert drawn_until_covered(stream.sample, expected) == expected
 
@@ -71,7 +70,9 @@ def test_every_valid_start_is_drawn_and_nothing_else(lake, how, pad, stride):
 def test_prioritized_starts_stay_reachable_after_priority_updates(lake):
     """Updates move probabilities, never to zero for a positive priority: every start is still drawn."""
     ds, ids = lake
-    stream = ds.segment_stream(sequence_length=L, batch_size=64, seed=4, pad="suffix", prefetch=0, priority=1.0)
+    stream = ds.segment_stream(
+        el.Window(L, pad="suffix"), batch_size=64, seed=4, prefetch=0, sampler=el.Prioritized(1.0)
+    )
     rng = np.random.default_rng(0)
     for _ in range(5):
         batch = stream.sample()
@@ -83,7 +84,9 @@ def test_prioritized_starts_stay_reachable_after_priority_updates(lake):
 def test_every_pass_without_replacement_yields_every_start_once(lake):
     ds, ids = lake
     for pad in ("suffix", "prefix", None):
-        stream = ds.segment_stream(sequence_length=L, batch_size=5, seed=1, replacement=False, pad=pad, prefetch=0)
+        stream = ds.segment_stream(
+            el.Window(L, pad=pad), batch_size=5, seed=1, sampler=el.Uniform(replacement=False), prefetch=0
+        )
         got = [(int(e), int(s)) for b in stream for e, s in zip(b.episode_id, b.start, strict=True)]
         assert sorted(got) == sorted(reference(ids, pad, 1))
 
@@ -91,10 +94,10 @@ def test_every_pass_without_replacement_yields_every_start_once(lake):
 @pytest.mark.parametrize("how", ["uniform", "weights-sql", "prioritized"])
 def test_every_transition_is_drawn_and_nothing_else(lake, how):
     ds, ids = lake
-    kwargs = {k: v for k, v in SAMPLING[how].items() if k != "alpha"}
     rng = np.random.default_rng(2)
     expected = {(ids[e], t) for e, n in enumerate(LENGTHS) for t in range(n)}
-    assert drawn_until_covered(lambda: ds.sample_transitions(64, rng=rng, **kwargs), expected) == expected
+    sampler = SAMPLING[how]
+    assert drawn_until_covered(lambda: ds.sample_transitions(64, rng=rng, sampler=sampler), expected) == expected
 
 
 def test_a_batch_the_caller_holds_never_changes_while_the_stream_goes_on(tmp_path):
@@ -104,7 +107,7 @@ def test_a_batch_the_caller_holds_never_changes_while_the_stream_goes_on(tmp_pat
     path = str(tmp_path / "ds")
     build_robot_dataset(path, seed=2, episodes=8, per_commit=4, max_length=20)
     # 96 x 5 camera rows of 192 B: above batching.SMALL_BYTES, so the camera buffers come from the pool
-    stream = el.Dataset.open(path).segment_stream(sequence_length=4, batch_size=96, seed=0, prefetch=0)
+    stream = el.Dataset.open(path).segment_stream(4, batch_size=96, seed=0, prefetch=0)
     held = []
     for _ in range(12):
         batch = stream.sample()
