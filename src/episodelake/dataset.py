@@ -507,7 +507,12 @@ class DatasetView(CollectionReads):
 
 
 class Dataset(CollectionReads):
-    """An episode dataset at one root (memory, local disk or object storage)."""
+    """An episode dataset at one root (memory, local disk or object storage).
+
+    The everyday verbs (write, read, query, sample, delete) are methods; the
+    audit, vacuum and compaction live under :attr:`maintenance`, derived
+    columns under :attr:`columns`.
+    """
 
     _positions = None
     _verify = False  # check tensor CRC-32s on read (Dataset.open(..., verify=True))

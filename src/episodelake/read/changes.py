@@ -10,7 +10,7 @@ so ``added`` = ids of the new files minus ids of the gone files, ``removed``
 no change. Only the files that differ are read, not the whole table.
 
 ``updated``: episodes live in both versions whose derived columns
-(``Dataset.update``, :mod:`.derived`) hold different values at the side-table
+(``ds.columns.update``, :mod:`.derived`) hold different values at the side-table
 versions the two table versions record (a value set back to what it was is
 no change; a new declaration without values is none either).
 """

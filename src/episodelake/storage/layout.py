@@ -59,7 +59,7 @@ def last_checkpoint_parts() -> tuple[str, ...]:
 
 
 def derived_parts() -> tuple[str, ...]:
-    """The Delta table of derived columns (``Dataset.update``)."""
+    """The Delta table of derived columns (``ds.columns.update``)."""
     return (DERIVED,)
 
 
