@@ -106,15 +106,15 @@ def test_fill_values_are_documented_ones():
 
 def test_segment_stream_batches_carry_typed_meta_and_mask(lake):
     ds, by_id = lake
-    batch = ds.segment_stream(sequence_length=2, batch_size=16, seed=0).sample()
+    batch = ds.segment_stream(2, batch_size=16, seed=0).sample()
     assert all(batch.meta[k].dtype != object for k in NUMERIC)
     check_meta(batch.meta.flat(), batch.meta_mask.flat(), batch.episode_id, by_id, ds.schema)
     seen = set()
-    for b in ds.segment_stream(sequence_length=1, batch_size=7, shuffle=False):  # every episode
+    for b in ds.segment_stream(1, batch_size=7, sampler=el.Sequential()):  # every episode
         check_meta(b.meta.flat(), b.meta_mask.flat(), b.episode_id, by_id, ds.schema)
         seen |= set(b.episode_id.tolist())
     assert seen == set(by_id)
-    split = ds.segment_stream(context_length=1, target_length=1, batch_size=5, seed=1).sample()
+    split = ds.segment_stream(el.Window(context=1, target=1), batch_size=5, seed=1).sample()
     for part in (split.context, split.target):
         check_meta(part.meta.flat(), part.meta_mask.flat(), part.episode_id, by_id, ds.schema)
 
@@ -149,7 +149,7 @@ def test_to_torch_converts_meta_and_mask(lake):
     from episodelake.integrations.torch import to_torch
 
     ds, by_id = lake
-    for batch in (ds.segment_stream(sequence_length=2, batch_size=16, seed=2).sample(), ds.sample_transitions(32)):
+    for batch in (ds.segment_stream(2, batch_size=16, seed=2).sample(), ds.sample_transitions(32)):
         tb = to_torch(batch)
         for k in NUMERIC:
             assert isinstance(tb.meta[k], torch.Tensor) and isinstance(tb.meta_mask[k], torch.Tensor), k
@@ -162,7 +162,7 @@ def test_tensordict_keeps_every_meta_field(lake):
     from episodelake.integrations.tensordict import batch_to_tensordict
 
     ds, by_id = lake
-    for batch in (ds.segment_stream(sequence_length=2, batch_size=16, seed=4).sample(), ds.sample_transitions(32)):
+    for batch in (ds.segment_stream(2, batch_size=16, seed=4).sample(), ds.sample_transitions(32)):
         td = batch_to_tensordict(batch)
         names = [f.name for f in ds.schema.meta_fields]
         meta = {k: td["meta", k] for k in names}
@@ -178,7 +178,7 @@ def test_to_jax_converts_meta_and_mask(lake):
     from episodelake.integrations.jax import to_jax
 
     ds, by_id = lake
-    jb = to_jax(ds.segment_stream(sequence_length=2, batch_size=16, seed=5).sample())
+    jb = to_jax(ds.segment_stream(2, batch_size=16, seed=5).sample())
     meta = {k: np.asarray(v) if k != "task" else v for k, v in jb.meta.flat().items()}
     mask = {k: np.asarray(v) for k, v in jb.meta_mask.flat().items()}
     assert isinstance(jb.meta_mask["score"], jax.Array) and isinstance(jb.meta["score"], jax.Array)

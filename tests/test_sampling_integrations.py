@@ -19,7 +19,7 @@ def test_to_torch_keeps_values_and_obs_sharing(lake):
     from episodelake.integrations.torch import to_torch
 
     ds, _ = lake
-    stream = ds.segment_stream(sequence_length=5, batch_size=6, seed=0)
+    stream = ds.segment_stream(5, batch_size=6, seed=0)
     batch = next(stream)
     tb = to_torch(batch)
     assert tb.obs.camera.dtype == torch.uint8 and tuple(tb.obs.camera.shape) == (6, 5, 3, 8, 8)
@@ -39,7 +39,7 @@ def test_batch_to_tensordict_torchrl_layout(lake):
     from episodelake.integrations.tensordict import batch_to_tensordict
 
     ds, _ = lake
-    batch = next(ds.segment_stream(sequence_length=4, batch_size=5, seed=1))
+    batch = next(ds.segment_stream(4, batch_size=5, seed=1))
     td = batch_to_tensordict(batch)
     assert tuple(td.batch_size) == (5,)
     np.testing.assert_array_equal(td["observation", "camera"].numpy(), batch.obs.camera)
@@ -60,7 +60,7 @@ def test_to_jax_copies_values(lake):
     from episodelake.integrations.jax import to_jax
 
     ds, _ = lake
-    stream = ds.segment_stream(sequence_length=4, batch_size=3, seed=2)
+    stream = ds.segment_stream(4, batch_size=3, seed=2)
     batch = next(stream)
     jb = to_jax(batch)
     expected = batch.obs.camera.copy()

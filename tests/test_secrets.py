@@ -109,7 +109,7 @@ def test_no_output_holds_a_secret_on_s3(s3_server, s3_url, tmp_path, caplog):
         ds.append_episodes(random_episode(rng, 6).as_dict(unwrap_action=True) for _ in range(4))
         ds.flush()
         view = ds.where("length > ?", [2])
-        stream = view.segment_stream(sequence_length=2, batch_size=2, seed=1)
+        stream = view.segment_stream(2, batch_size=2, seed=1)
         next(stream)
         state_file = tmp_path / "state.json"
         el.save_state(stream.state_dict(), state_file)

@@ -76,10 +76,10 @@ def camera_lake(tmp_path_factory):
 def test_stream_applies_transforms_to_the_same_frames(camera_lake):
     ds = camera_lake
     t = FrameTransform(crop=(2, 4, 28, 32), resize=(16, 16), mean=0.5, std=0.25, layout="CHW")
-    plain = next(iter(ds.segment_stream(sequence_length=4, batch_size=6, seed=11, prefetch=0)))
+    plain = next(iter(ds.segment_stream(4, batch_size=6, seed=11, prefetch=0)))
     shaped = next(
         iter(
-            ds.segment_stream(sequence_length=4, batch_size=6, seed=11, prefetch=0, transform={"observation/camera": t})
+            ds.segment_stream(4, batch_size=6, seed=11, prefetch=0, transform={"observation/camera": t})
         )
     )
     np.testing.assert_array_equal(shaped.episode_id, plain.episode_id)
@@ -96,8 +96,8 @@ def test_segments_transform_in_dataloader_workers(camera_lake):
 
     ds = camera_lake
     t = {"observation/camera": FrameTransform(resize=(8, 10), layout="CHW")}
-    segs = ds.segments(4, stride=2, transform=t)
-    plain = ds.segments(4, stride=2)
+    segs = ds.segments(el.Window(4, stride=2), transform=t)
+    plain = ds.segments(el.Window(4, stride=2))
     loader = DataLoader(segs, batch_size=5, num_workers=2, collate_fn=segs.collate, multiprocessing_context="fork")
     seen = 0
     for batch in loader:
@@ -138,7 +138,7 @@ def test_callable_transform(camera_lake):
 )
 def test_bad_transforms_are_rejected(camera_lake, transform, pattern):
     with pytest.raises(el.ArgumentError, match=pattern):
-        camera_lake.segment_stream(sequence_length=2, transform=transform)
+        camera_lake.segment_stream(2, transform=transform)
     with pytest.raises(el.ArgumentError, match=pattern):
         camera_lake.segments(2, transform=transform)
 
