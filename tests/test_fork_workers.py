@@ -45,7 +45,7 @@ def arrays_of(ds) -> list[tuple[str, int]]:
 
 
 def check_forked_loader(ds, raw, L=5):
-    segs = ds.segments(L, pad="suffix", stride=2)
+    segs = ds.segments(el.Window(L, pad="suffix", stride=2))
     want = single_process_multiset(segs)  # the parent reads through TensorStore before forking
     batches, got = loader_multiset(segs, "fork", shuffle=True)
     assert got == want

@@ -41,7 +41,7 @@ READS = {
     "episode.read": lambda ds: ds.episode(0).read(),
     "episodes": lambda ds: [ep.read() for ep in ds.episodes()],
     "segments": lambda ds: ds.segments(2)[0],
-    "segment_stream": lambda ds: ds.segment_stream(sequence_length=2, batch_size=8, seed=0, prefetch=0).sample(),
+    "segment_stream": lambda ds: ds.segment_stream(2, batch_size=8, seed=0, prefetch=0).sample(),
     "sample_transitions": lambda ds: ds.sample_transitions(8, seed=0),
     "to_numpy": lambda ds: ds.to_numpy(),
 }

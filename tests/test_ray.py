@@ -101,15 +101,14 @@ def test_to_ray_columns_and_pinned_version(robot, tmp_path):
     assert sorted(r["episode_id"] for r in old) == sorted(raws)
 
 
-def ray_batches(ds: el.Dataset, rank: int, world: int, **options) -> list[dict[str, np.ndarray]]:
-    out = ds.segments_to_ray(sequence_length=L, batch_size=B, seed=SEED, rank=rank, world_size=world, **options)
+def ray_batches(ds: el.Dataset, rank: int, world: int, policy: str = "wrap", **options) -> list[dict[str, np.ndarray]]:
+    out = ds.segments_to_ray(L, batch_size=B, seed=SEED, shard=el.Shard(rank, world, policy=policy), **options)
     return list(out.iter_batches(batch_size=B, batch_format="numpy"))
 
 
-def local_batches(ds: el.Dataset, rank: int, world: int, epochs: int = 1, **options) -> list[el.Batch]:
-    stream = ds.segment_stream(
-        sequence_length=L, batch_size=B, seed=SEED, replacement=False, shard=(rank, world), **options
-    )
+def local_batches(ds: el.Dataset, rank: int, world: int, epochs: int = 1, policy: str = "wrap") -> list[el.Batch]:
+    shard = el.Shard(rank, world, policy=policy)
+    stream = ds.segment_stream(L, batch_size=B, seed=SEED, sampler=el.Uniform(replacement=False), shard=shard)
     out: list[el.Batch] = []
     for _ in range(epochs):
         out += list(stream)
@@ -131,8 +130,8 @@ def test_segments_to_ray_equal_local_sampler_ranks_disjoint_and_equal(robot):
     counts = []
     for rank in range(world):
         got, want = (
-            ray_batches(ds, rank, world, shard_policy="drop"),
-            local_batches(ds, rank, world, shard_policy="drop"),
+            ray_batches(ds, rank, world, policy="drop"),
+            local_batches(ds, rank, world, policy="drop"),
         )
         assert len(got) == len(want) > 2
         counts.append(sum(len(b["episode_id"]) for b in got))
