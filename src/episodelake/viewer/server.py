@@ -186,9 +186,10 @@ class Viewer:
         at = int(np.flatnonzero(ids == episode_id)[0])
         plots = {}
         for key in self.plotted:
-            values = np.asarray(seg[key], dtype=np.float64).reshape(len(seg[key]), -1)
+            values = np.asarray(seg.data[key], dtype=np.float64).reshape(len(seg.data[key]), -1)
             plots[key] = _plain(values.T)  # channels, then steps
-        frames = max([len(seg[k]) for k in (*self.cameras, *self.plotted)] or [ep.length])
+        # observations have length + 1 rows (the last one after the last step): the frames the player steps through
+        frames = max([len(seg.data[k]) for k in (*self.cameras, *self.plotted)] or [ep.length])
         return {
             "episode_id": episode_id,
             "length": ep.length,
@@ -198,7 +199,7 @@ class Viewer:
             "plots": plots,
             "frames": frames,
             "fps": self.fps,
-            "cameras": {k: list(seg[k].shape[1:]) for k in self.cameras},
+            "cameras": {k: list(seg.data[k].shape[1:]) for k in self.cameras},
             "layouts": {f.key: f.layout for f in view.schema.step_fields if f.key in self.cameras},
             "index": at,
             "count": len(ids),
@@ -216,7 +217,7 @@ class Viewer:
         except KeyError:
             raise BadRequest(f"no episode with id {episode_id}", HTTPStatus.NOT_FOUND) from None
         return self.videos.get(
-            (episode_id, key), lambda: hwc_frames(self._segment(self.collection, episode_id)[key], layout or "HWC")
+            (episode_id, key), lambda: hwc_frames(self._segment(self.collection, episode_id).data[key], layout or "HWC")
         )
 
     # ---- the dataset
