@@ -22,10 +22,11 @@ class EpisodeCollection(Protocol):
     """Some episodes of one snapshot: a :class:`~episodelake.Dataset` or a :class:`~episodelake.DatasetView`.
 
     ``positions`` are distinct snapshot positions in episode order, so a
-    collection holding as many episodes as its snapshot holds all of them
-    (:func:`subset`). A collection that can move to a newer version has a
-    ``refresh()`` returning itself; one chosen by ``where``/``select_episodes``
-    may record those steps as ``selection`` (:func:`selection`).
+    collection holding as many episodes as its snapshot holds all of them. A
+    dataset, which can move to a newer version, has a ``refresh()`` returning
+    itself and always holds every episode of its snapshot (:func:`subset`);
+    a view chosen by ``where``/``select_episodes`` may record those steps as
+    ``selection`` (:func:`selection`).
     """
 
     @property
@@ -62,9 +63,12 @@ class EpisodeCollection(Protocol):
 def subset(collection: EpisodeCollection, snap: Snapshot) -> np.ndarray | None:
     """``collection``'s positions when it holds fewer episodes than ``snap``, else None (all of them).
 
-    ``snap`` is the snapshot a read runs on: the collection's own, or for a
-    Dataset that moved on meanwhile an older one, of which it holds all.
+    ``snap`` is the snapshot a read runs on. A dataset holds all of any
+    snapshot it reads, so it is answered without reading one (its
+    ``positions`` would scan the table's index, which plain SQL never needs).
     """
+    if callable(getattr(collection, "refresh", None)):
+        return None
     positions = collection.positions
     return positions if len(positions) < snap.num_episodes else None
 
