@@ -79,8 +79,8 @@ class ArrayReader(Protocol):
 
     def copy_runs(self, out: np.ndarray, runs: list[Run]) -> None:
         """Copy runs ``(dst row, src row, count, episode id)`` into ``out``; unreadable rows raise
-        :class:`~episodelake.errors.CorruptionError` naming the episode, storage faults
-        :class:`~episodelake.errors.StorageError`."""
+        :class:`~episodelake.core.errors.CorruptionError` naming the episode, storage faults
+        :class:`~episodelake.core.errors.StorageError`."""
         ...
 
 

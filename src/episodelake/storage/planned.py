@@ -241,7 +241,7 @@ def copy_runs_many(items: Sequence[tuple[PlainArray, Sequence[Run]]], out: np.nd
 
     Round one fetches the shard indexes not yet known (kept by each array for
     good: committed shards never change); round two fetches every byte range
-    of every array at once, coalesced per object (:class:`~episodelake.fetch.Fetcher`).
+    of every array at once, coalesced per object (:class:`~episodelake.storage.fetch.Fetcher`).
     Compressed chunks decode in a thread pool. All arrays must share one location.
     """
     items = [(arr, runs) for arr, runs in items if runs]

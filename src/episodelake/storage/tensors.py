@@ -1,9 +1,9 @@
 """Zarr v3 tensor arrays (layout: :mod:`~episodelake.storage.arrays`) written and read through TensorStore.
 
 Object-store operations wait as the location's
-:class:`~episodelake.location.StorageTimeouts` allow; one that fails for a
+:class:`~episodelake.storage.location.StorageTimeouts` allow; one that fails for a
 storage reason (endpoint down, throttled past its retries, no answer in time)
-raises :class:`~episodelake.errors.StorageError` naming the dataset and the
+raises :class:`~episodelake.core.errors.StorageError` naming the dataset and the
 array, never :class:`CorruptionError`.
 
 TensorStore aborts a process that uses it after ``fork()`` from a process that
