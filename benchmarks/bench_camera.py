@@ -158,7 +158,7 @@ def build_lake(root: str, frames: np.ndarray, actions: np.ndarray, storage: str)
 def lake_sampler(root: str) -> Callable[[], object]:
     import episodelake as el
 
-    stream = el.Dataset.open(root, read_only=True).segment_stream(sequence_length=L, batch_size=B, seed=0, prefetch=0)
+    stream = el.Dataset.open(root, read_only=True).segment_stream(L, batch_size=B, seed=0, prefetch=0)
     return stream.sample
 
 

@@ -11,8 +11,8 @@ a LeRobot v3 dataset (``LeRobotDataset.create`` + ``add_frame`` +
   decodes), in its virtualenv (benchmarks/lerobot_peer.py): segments/s of the
   first batch (cold) and of ``--seconds`` of batches after it (warm);
 * episodelake, raw: that dataset imported (``import_dataset("lerobot", ...)``,
-  frames decoded once, stored raw), ``segment_stream(sequence_length=L,
-  batch_size=B, prefetch=0).sample()``;
+  frames decoded once, stored raw), ``segment_stream(L, batch_size=B,
+  prefetch=0).sample()``;
 * episodelake, each ``--codec`` (e.g. ``jpeg`` or ``video:h264@76``): imported
   with ``camera_options={"codec": ..., "quality": ...}``, same sampling;
 * LeRobot loader on ``to_lerobot``'s export of the imported dataset.
@@ -91,7 +91,7 @@ def lerobot_peer(python: Path, root: Path, args: argparse.Namespace, work: Path)
 def el_rates(ds: el.Dataset, args: argparse.Namespace) -> tuple[float, float]:
     """Segments/s of the first batch (cold: a freshly opened dataset) and of the batches after it (warm)."""
     stream = el.Dataset.open(ds.location.url, read_only=True).segment_stream(
-        sequence_length=args.L, batch_size=args.B, seed=0, prefetch=0
+        args.L, batch_size=args.B, seed=0, prefetch=0
     )
     start = time.perf_counter()
     stream.sample()

@@ -1,8 +1,8 @@
 """Training batches through Ray Data vs the local sampler: batches/s and time to the first batch.
 
 One run builds one local dataset (uint8 camera [3, 64, 64] as a tensor field,
-state/action/reward) and reads the same shuffled pass (``replacement=False``,
-one seed, epoch 0, ``batch_size`` x ``sequence_length``) three ways:
+state/action/reward) and reads the same shuffled pass (``sampler=el.Uniform(replacement=False)``,
+one seed, epoch 0, ``batch_size`` x window length) three ways:
 
 * the local sampler, ``ds.segment_stream(...)`` (default prefetch);
 * ``ds.segments_to_ray(..., concurrency=1)``: one Ray actor reading batches;
@@ -80,14 +80,14 @@ def main() -> None:
         print(f"{args.episodes} episodes x {args.length} steps, batch {BATCH} x {SEQ}, {args.batches} batches")
         ray.init(num_cpus=args.cpus, include_dashboard=False, log_to_driver=False)
         ray.data.DataContext.get_current().enable_progress_bars = False
-        common = {"sequence_length": SEQ, "batch_size": BATCH, "seed": SEED}
+        common = {"batch_size": BATCH, "seed": SEED}
 
         def local():
-            return ds.segment_stream(replacement=False, **common)
+            return ds.segment_stream(SEQ, sampler=el.Uniform(replacement=False), **common)
 
         def on_ray(actors: int):
             def run():
-                return ds.segments_to_ray(concurrency=actors, **common).iter_batches(
+                return ds.segments_to_ray(SEQ, concurrency=actors, **common).iter_batches(
                     batch_size=BATCH, batch_format="numpy"
                 )
 

@@ -7,7 +7,7 @@ observation float32[8], action float32[2], reward float32) while sampling
 
 * episodelake: an ``EpisodeWriter`` of a capacity dataset (committing every
   64 episodes, each commit evicting the oldest) and a learner stream
-  ``segment_stream(sequence_length=1, batch_size=256, follow=True)`` on a
+  ``segment_stream(1, batch_size=256, follow=True)`` on a
   second ``Dataset`` object of the same path (it takes in each commit);
 * cpprb ``ReplayBuffer`` (in memory, a 100k ring): ``add`` per step,
   ``sample(256)`` every 4 steps;
@@ -28,8 +28,8 @@ transitions and gets the same new priorities (``|N(0, 1)| + 1e-3``), with
 * episodelake, transitions: ``ds.sample_transitions(256, sampler=per)`` and
   ``per.update_priorities(tr.indices, ...)`` with a kept
   ``el.PrioritizedSampler`` (a local dataset on disk, opened fresh);
-* episodelake, stream: ``ds.segment_stream(sequence_length=1,
-  batch_size=256, priority=1.0)``, ``stream.sample()`` and
+* episodelake, stream: ``ds.segment_stream(1, batch_size=256,
+  sampler=el.Prioritized(1.0))``, ``stream.sample()`` and
   ``stream.update_priorities(batch.indices, ...)``;
 * cpprb ``PrioritizedReplayBuffer`` (C++ segment trees, data in memory):
   ``sample(256, beta=0.4)`` (obs, act, rew, next_obs, done, weights,
@@ -107,7 +107,7 @@ def lake_transitions(path: Path) -> Callable[[np.ndarray], None]:
 
 def lake_stream(path: Path) -> Callable[[np.ndarray], None]:
     ds = el.Dataset.open(str(path))
-    stream = ds.segment_stream(sequence_length=1, batch_size=B, seed=0, priority=1.0, alpha=ALPHA, beta=BETA)
+    stream = ds.segment_stream(1, batch_size=B, seed=0, sampler=el.Prioritized(1.0, alpha=ALPHA, beta=BETA))
 
     def step(new: np.ndarray) -> None:
         batch = stream.sample()
@@ -220,7 +220,7 @@ def online_lake(root: Path, steps: int, obs: np.ndarray, act: np.ndarray) -> flo
     )
     ds.flush()
     learner = el.Dataset.open(path)
-    stream = learner.segment_stream(sequence_length=1, batch_size=B, seed=0, follow=True, prefetch=0)
+    stream = learner.segment_stream(1, batch_size=B, seed=0, follow=True, prefetch=0)
     stream.sample()
     t0 = time.perf_counter()
     w = ds.new_episode(obs[0])
@@ -333,7 +333,7 @@ def refresh_latency(root: Path, sizes: list[int], rounds: int) -> None:
         writer.flush()
         built = time.perf_counter() - t0
         learner = el.Dataset.open(path)
-        stream = learner.segment_stream(sequence_length=1, batch_size=B, seed=0, prefetch=0)
+        stream = learner.segment_stream(1, batch_size=B, seed=0, prefetch=0)
         stream.sample()
         one = {"observations": obs1(T), "actions": np.zeros((T, 2), np.float32), "rewards": np.ones(T, np.float32)}
         commits, lat = [], []

@@ -3,11 +3,11 @@
 One run builds one dataset (uint8 camera [3, 64, 64] as a tensor field + small
 state/action/reward), writes it to local disk, copies it to S3 with
 ``copy_to`` (timed too) and then draws ``segment_stream`` batches
-(``batch_size`` x ``sequence_length`` transitions, default prefetch) from:
+(``batch_size`` segments of ``SEQ`` transitions, default prefetch) from:
 
 * local disk (memory-mapped chunk files);
 * the server's bare ranged-GET ceiling: random segment-sized byte ranges
-  (``sequence_length + 1`` camera rows) of the dataset's shard objects read
+  (``SEQ + 1`` camera rows) of the dataset's shard objects read
   with ``KvStore.read(byte_range=...)``, 64 in flight;
 * S3 without a cache, straight to the server, through the latency proxy
   (``tests/latency_proxy.py``) adding nothing, and adding 30 ms per request
@@ -87,7 +87,7 @@ PREFETCH = 2  # segment_stream's default; --prefetch sets it
 
 def sample(ds: el.Dataset, batches: int, seed: int = 1) -> dict[str, float]:
     """Segments/s over ``batches`` batches (after one warm-up batch), with the fetcher's requests and bytes."""
-    stream = iter(ds.segment_stream(batch_size=BATCH, sequence_length=SEQ, seed=seed, prefetch=PREFETCH))
+    stream = iter(ds.segment_stream(SEQ, batch_size=BATCH, seed=seed, prefetch=PREFETCH))
     next(stream)
     stats = fetch.fetcher(ds.location).stats
     before = (stats.requests, stats.bytes)
@@ -181,7 +181,7 @@ def main() -> None:
             f"write to local disk: {nbytes / t_write / 2**20:.0f} MiB/s; copy_to S3 (+verify): "
             f"{nbytes / t_copy / 2**20:.0f} MiB/s"
         )
-        print(f"sampling: segment_stream batch_size={BATCH} sequence_length={SEQ} prefetch={PREFETCH}, ", end="")
+        print(f"sampling: segment_stream({SEQ}, batch_size={BATCH}, prefetch={PREFETCH}), ", end="")
         print(f"{batches} batches per run\n")
 
         ms = f"+{args.latency * 1e3:.0f} ms"

@@ -200,7 +200,7 @@ class EpisodeLake(System):
             probe = batching.ChunkFiles.probe
             batching.ChunkFiles.probe = classmethod(lambda cls, loc, writer, field: None)
             try:
-                stream = ds.segment_stream(sequence_length=L, batch_size=B, seed=0, prefetch=0)
+                stream = ds.segment_stream(L, batch_size=B, seed=0, prefetch=0)
                 camera = stream._build.reader._tensor["observation/camera"]
                 camera.sources(np.arange(len(camera.arrays)), stream._build.reader.lengths + 1)
             finally:
@@ -210,9 +210,7 @@ class EpisodeLake(System):
             segs = ds.segments(L)
             rng = np.random.default_rng(0)
             return lambda: segs.__getitems__(rng.integers(0, len(segs), B))
-        stream = ds.segment_stream(
-            sequence_length=L, batch_size=B, seed=0, prefetch=2 if self.mode == "prefetch" else 0
-        )
+        stream = ds.segment_stream(L, batch_size=B, seed=0, prefetch=2 if self.mode == "prefetch" else 0)
         return stream.sample
 
 
@@ -402,7 +400,7 @@ def check_episodelake(root: str, seed: int, steps: int) -> None:
     """Every sampled segment equals the generated data (so the systems serve the same bytes)."""
     import episodelake as el
 
-    batch = el.Dataset.open(root, read_only=True).segment_stream(sequence_length=L, batch_size=B, seed=1).sample()
+    batch = el.Dataset.open(root, read_only=True).segment_stream(L, batch_size=B, seed=1).sample()
     ds = el.Dataset.open(root, read_only=True)
     order = {ds.episode(i).episode_id: i for i in range(len(ds))}
     for b in range(B):
