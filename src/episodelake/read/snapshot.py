@@ -548,7 +548,7 @@ class Snapshot:
         order = pa.array(np.argsort(np.concatenate([pos[rows] for rows, _ in pieces]), kind="stable"))
         return {k: pa.concat_arrays([t.column(k).combine_chunks() for _, t in pieces]).take(order) for k in keys}
 
-    def tensor_array(self, writer: str, f: FieldSpec, commit: int = 0) -> TensorArray | PlainArray:
+    def tensor_array(self, writer: str, f: FieldSpec, commit: int = 0) -> ArrayReader:
         """The array holding ``writer``'s rows of ``f`` (``commit`` 0: its single array); see :meth:`tensor_arrays`."""
         return self.tensor_arrays(f, [(writer, commit)])[0]
 
