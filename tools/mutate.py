@@ -61,6 +61,7 @@ MODULE_TESTS: dict[str, list[str]] = {
     "sampling/samplers": ["test_priority.py", "test_properties_sampling.py", "test_properties_priority.py"],
     "sampling/sumtree": ["test_priority.py", "test_properties_priority.py"],
     "sampling/stream": ["test_sampling.py", "test_properties_sampling.py"],
+    "sampling/planner": ["test_sampling.py", "test_properties_sampling.py"],
     "read/selection": ["test_query.py", "test_properties_selection.py"],
     "read/query": [
         "test_query.py", "test_table_corruption.py", "test_properties_selection.py", "test_sql_faults.py",
