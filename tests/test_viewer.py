@@ -244,6 +244,21 @@ def test_the_viewer_never_writes_to_the_dataset(server, written):
     assert (after.version, len(after.history()), sorted(os.listdir(written[0]))) == before
 
 
+def test_el_view_serves_a_view_in_the_background_until_stopped(written):
+    """Notebooks: ``el.view(ds.where(...))`` returns the URL of a server in this process; ``stop()`` ends it."""
+    _, episodes, ids = written
+    ds = el.Dataset.open(written[0], read_only=True)
+    link = el.view(ds.where("task = 'pick'"), where="return > 1.5")
+    try:
+        assert isinstance(link, str) and link.startswith("http://127.0.0.1:")
+        assert listed_ids(get(link)[2]) == reference(episodes, ids, "pick", 1.5)
+        assert f'<iframe src="{link}"' in link._repr_html_()
+    finally:
+        link.stop()
+    with pytest.raises(urllib.error.URLError):
+        urllib.request.urlopen(link, timeout=10)
+
+
 # ---- the command
 
 

@@ -34,6 +34,7 @@ from .sampling.options import Prioritized, Sequential, Shard, Uniform, Weighted,
 from .sampling.samplers import PrioritizedSampler
 from .storage.location import StorageTimeouts
 from .storage.retention import Capacity
+from .viewer import view
 from .write.writer import EpisodeWriter, VectorEpisodeWriter
 
 __version__ = "0.3.0"
@@ -82,4 +83,5 @@ __all__ = [
     "save_state",
     "schema_from_gym_spaces",
     "stream_from_state",
+    "view",
 ]

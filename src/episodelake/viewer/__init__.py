@@ -1,4 +1,4 @@
-"""The viewer: a local web app over a dataset or view, read-only (``episodelake view``, ``el.view``).
+"""The viewer: a local web app over a dataset or view, read-only (``episodelake view``, ``el.view(ds)``).
 
 Owns the episode list (SQL filter, sort, pages), the episode page (camera
 fields as WebM videos in sync, per-step plots with a cursor), the dataset page
@@ -10,6 +10,6 @@ May import: ``core``, ``storage``, ``read``, the façade, ``integrations``,
 ``exporters``; never ``cli``.
 """
 
-from .server import Viewer, ViewerServer, start
+from .server import Viewer, ViewerLink, ViewerServer, start, view
 
-__all__ = ["Viewer", "ViewerServer", "start"]
+__all__ = ["Viewer", "ViewerLink", "ViewerServer", "start", "view"]

@@ -27,6 +27,7 @@ import tempfile
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
+from html import escape
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
@@ -35,7 +36,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import numpy as np
 
-from ..core.errors import EpisodeLakeError
+from ..core.errors import ArgumentError, EpisodeLakeError
 from ..dataset import Dataset
 from ..exporters.lerobot import is_camera
 from . import pages
@@ -386,11 +387,50 @@ def start(
 ) -> ViewerServer:
     """A :class:`ViewerServer` of ``collection`` listening on ``host:port`` (0: a free port).
 
-    ``background=True`` serves from a daemon thread (for notebooks:
-    ``server.url``, ``server.shutdown()``); otherwise call ``serve_forever()``.
-    A bad ``where`` raises QueryError before anything listens.
+    ``background=True`` serves from a daemon thread (``server.url``,
+    ``server.shutdown()``); otherwise call ``serve_forever()``. A bad
+    ``where`` raises QueryError and a bad ``host``/``port`` ArgumentError
+    before anything listens.
     """
+    if not isinstance(host, str) or not host:
+        raise ArgumentError(f"host must be an address string such as '127.0.0.1', got {host!r}")
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ArgumentError(f"port must be an int in 0..65535 (0: any free port), got {port!r}")
     server = ViewerServer(Viewer(collection, where), host, port)
     if background:
         threading.Thread(target=server.serve_forever, name="episodelake-viewer", daemon=True).start()
     return server
+
+
+class ViewerLink(str):
+    """The URL of a viewer serving in the background; a notebook shows it as the viewer in a frame.
+
+    ``stop()`` ends the server (it also ends with the process).
+    """
+
+    server: ViewerServer
+
+    def _repr_html_(self) -> str:
+        url = escape(self)
+        frame = f'<iframe src="{url}" width="100%" height="720" style="border:0"></iframe>'
+        return f'{frame}<p><a href="{url}">{url}</a></p>'
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def view(
+    collection: Dataset | DatasetView, where: str | None = None, host: str = "127.0.0.1", port: int = 0
+) -> ViewerLink:
+    """Serve the viewer of ``collection`` (a Dataset or a view) from a background thread; return its URL.
+
+    For notebooks and scripts: ``el.view(ds.where("task = 'pick'"))`` returns
+    a ``str`` URL (a :class:`ViewerLink`: shown as the viewer in a notebook
+    cell, ``stop()`` ends it). ``where`` is the filter the list opens with;
+    ``port=0`` takes a free port. Bad arguments raise as :func:`start` does.
+    """
+    server = start(collection, where, host, port, background=True)
+    link = ViewerLink(server.url)
+    link.server = server
+    return link
