@@ -30,7 +30,7 @@ class Maintenance:
 
     @property
     def descriptor(self) -> dict[str, Any]:
-        """The root's descriptor (``episodelake.json``): schema, partitioning, capacity, info."""
+        """The descriptor stored at the dataset's root: format, schema, partitioning, capacity, info, versions."""
         return self._store.descriptor
 
     @property
