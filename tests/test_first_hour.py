@@ -164,7 +164,7 @@ def test_meta_values_are_python_scalars(tmp_path):
             paths = {
                 "episode(i).meta": [d.episode(i).meta for i in range(len(d))],
                 "episodes()": [e.meta for e in d.episodes()],
-                "episode_by_id": [d.episode(id=int(i)).meta for i in d.episode_ids],
+                "episode(id=).meta": [d.episode(id=int(i)).meta for i in d.episode_ids],
                 "where().episodes()": [e.meta for e in d.where("length > 0").episodes()],
                 "read().meta": [dict(d.episode(i).read().meta) for i in range(len(d))],
                 # (a segment item holds the fill value, not None, where unset: only episodes with every value)
