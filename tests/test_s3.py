@@ -221,7 +221,7 @@ def test_segment_stream_on_s3(s3_server, s3_dataset):
     ds, eps = s3_dataset
     again = el.Dataset.open(ds.location.url, storage_options=s3_server.storage_options, read_only=True)
     by_id = dict(zip(again.episode_ids.tolist(), eps, strict=True))
-    stream = iter(again.segment_stream(batch_size=8, sequence_length=5, seed=0))
+    stream = iter(again.segment_stream(5, batch_size=8, seed=0))
     for _ in range(3):
         batch = next(stream)
         for b in range(8):

@@ -85,7 +85,7 @@ def test_reads_and_prefetch_on_a_dead_endpoint_raise_storage_error(s3_server, s3
     with FaultProxy(s3_server.endpoint) as proxy:
         reader = el.Dataset.open(s3_url, storage_options=options(proxy, s3_server.storage_options), read_only=True)
         assert_episode(reader.episode(0), eps[0])  # the table and the first tensors are read while it is up
-        stream = iter(reader.segment_stream(batch_size=4, sequence_length=2, seed=0, prefetch=2))
+        stream = iter(reader.segment_stream(2, batch_size=4, seed=0, prefetch=2))
         proxy.set_down(True)
         with pytest.raises(el.StorageError) as read:
             for i in range(1, len(eps)):
@@ -161,7 +161,7 @@ def test_503s_dropped_connections_and_lost_responses_lose_nothing(s3_server, s3_
         reader = el.Dataset.open(s3_url, storage_options=opts, read_only=True)
         for i, raw in enumerate(eps):
             assert_episode(reader.episode(i), raw)
-        batch = next(iter(reader.segment_stream(batch_size=16, sequence_length=3, seed=1)))
+        batch = next(iter(reader.segment_stream(3, batch_size=16, seed=1)))
         assert np.isin(batch.episode_id, reader.episode_ids).all()
         assert proxy.injected["503"] > 0 and proxy.injected["drop"] > 0 and proxy.injected["lose"] > 0
     check_in_fresh_process(s3_url, s3_server.storage_options, 13, 24, 24)

@@ -39,7 +39,7 @@ if __name__ == "__main__":  # a typical script: everything global, so nothing is
     import episodelake as el
 
     ds = el.Dataset.open(url, storage_options=options, cache_bytes=(64 << 20) if cache else 0)
-    stream = ds.segment_stream(sequence_length=8, batch_size=16, seed=3)  # default prefetch, never closed
+    stream = ds.segment_stream(8, batch_size=16, seed=3)  # default prefetch, never closed
     print("stream", [fingerprint(stream.sample()) for _ in range(3)], flush=True)
     if loader != "none":
         import torch
@@ -98,9 +98,7 @@ def datasets(tmp_path_factory, s3_server):
 
 def expected_stream(url: str, options: dict) -> list[int]:
     """The three batches' fingerprints, read here without a prefetch thread."""
-    stream = el.Dataset.open(url, storage_options=options).segment_stream(
-        sequence_length=8, batch_size=16, seed=3, prefetch=0
-    )
+    stream = el.Dataset.open(url, storage_options=options).segment_stream(8, batch_size=16, seed=3, prefetch=0)
     out = []
     for _ in range(3):
         batch = stream.sample()
