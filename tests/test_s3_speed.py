@@ -48,7 +48,7 @@ def open_s3(ds, opts, **kw) -> el.Dataset:
 
 
 def camera_crcs(ds, batches: int, seed: int) -> list[int]:
-    stream = iter(ds.segment_stream(batch_size=B, sequence_length=L, seed=seed))
+    stream = iter(ds.segment_stream(L, batch_size=B, seed=seed))
     return [zlib.crc32(np.ascontiguousarray(next(stream).all_obs["camera"]).data) for _ in range(batches)]
 
 
@@ -82,10 +82,10 @@ def test_sampled_batches_equal_the_recorded_episodes(lakes, s3_server, tmp_path,
     s3 = open_s3(ds, s3_server.storage_options, **kw)
     by_id = raw_by_id(s3, raw)
     for _ in range(2):  # the second pass reads through a warm cache
-        stream = iter(s3.segment_stream(batch_size=B, sequence_length=6, seed=3))
+        stream = iter(s3.segment_stream(6, batch_size=B, seed=3))
         for _ in range(4):
             check_batch(next(stream), by_id, 6)
-    segs = s3.segments(5, pad="suffix", stride=3)  # map-style reads take the same path
+    segs = s3.segments(el.Window(5, pad="suffix", stride=3))  # map-style reads take the same path
     check_batch(segs.__getitems__(list(range(len(segs)))), by_id, 5)
     if cache == "disk":
         assert entries(tmp_path / "cache") and all(entry_ok(p) for p in entries(tmp_path / "cache"))
@@ -96,7 +96,7 @@ def test_each_shard_index_is_fetched_once_and_a_batch_takes_one_round(lakes, s3_
     with LatencyProxy(s3_server.endpoint) as proxy:
         s3 = open_s3(ds, proxy.storage_options(s3_server.storage_options))
         by_id = raw_by_id(s3, raw)
-        stream = iter(s3.segment_stream(batch_size=B, sequence_length=L, seed=5, prefetch=0))
+        stream = iter(s3.segment_stream(L, batch_size=B, seed=5, prefetch=0))
         proxy.reset()
         per_batch = []
         for _ in range(12):
@@ -113,7 +113,7 @@ def test_reads_through_30ms_latency_are_exact(lakes, s3_server):
     ds, raw = lakes["zstd"]
     with LatencyProxy(s3_server.endpoint, delay_s=0.03) as proxy:
         s3 = open_s3(ds, proxy.storage_options(s3_server.storage_options))
-        stream = s3.segment_stream(batch_size=B, sequence_length=L, seed=2)
+        stream = s3.segment_stream(L, batch_size=B, seed=2)
         by_id = raw_by_id(s3, raw)
         batches = iter(stream)
         for _ in range(4):
@@ -194,7 +194,7 @@ def test_dataloader_workers_read_through_the_disk_cache(lakes, s3_server, tmp_pa
     ds, raw = lakes["raw"]
     with LatencyProxy(s3_server.endpoint) as proxy:
         s3 = open_s3(ds, proxy.storage_options(s3_server.storage_options), cache_dir=tmp_path / "cache")
-        segs = s3.segments(5, pad="suffix", stride=2)
+        segs = s3.segments(el.Window(5, pad="suffix", stride=2))
         want = single_process_multiset(segs)  # the parent fills the cache (through TensorStore's kvstore)
         proxy.reset()
         batches, got = loader_multiset(segs, context, shuffle=True)
@@ -213,8 +213,8 @@ def test_forked_workers_fill_a_cold_cache(lakes, s3_server, tmp_path):
     torch.set_num_threads(1)
     ds, raw = lakes["zstd"]
     s3 = open_s3(ds, s3_server.storage_options, cache_dir=tmp_path / "cache")
-    s3.segment_stream(batch_size=2, sequence_length=2, seed=0).__iter__().__next__()  # TensorStore runs: fork
-    segs = s3.segments(4, pad="suffix", stride=3)
+    s3.segment_stream(2, batch_size=2, seed=0).__iter__().__next__()  # TensorStore runs: fork
+    segs = s3.segments(el.Window(4, pad="suffix", stride=3))
     batches, _ = loader_multiset(segs, "fork")
     by_id = raw_by_id(s3, raw)
     for batch in batches:
@@ -226,7 +226,7 @@ def test_forked_workers_fill_a_cold_cache(lakes, s3_server, tmp_path):
 def test_cache_dir_is_ignored_for_local_datasets_and_memory_bound_keeps_working(lakes, tmp_path):
     ds, raw = make_dataset(str(tmp_path / "local"))
     local = el.Dataset.open(ds.location.url, read_only=True, cache_dir=tmp_path / "cache", cache_bytes=1 << 20)
-    check_batch(next(iter(local.segment_stream(batch_size=B, sequence_length=L, seed=0))), raw_by_id(local, raw), L)
+    check_batch(next(iter(local.segment_stream(L, batch_size=B, seed=0))), raw_by_id(local, raw), L)
     assert not (tmp_path / "cache").exists()
     assert local.location.read_cache is None and fetch.fetcher(local.location).caching is False
 
@@ -247,7 +247,7 @@ def test_a_dataset_recreated_at_the_same_url_never_reads_the_old_entries(s3_serv
         ds.append_episodes([ep.as_dict(unwrap_action=True) for ep in raw])
         ds.flush()
         s3 = open_s3(ds, opts, cache_dir=cache)
-        stream = iter(s3.segment_stream(batch_size=B, sequence_length=L, seed=0, prefetch=0))
+        stream = iter(s3.segment_stream(L, batch_size=B, seed=0, prefetch=0))
         for _ in range(3):
             check_batch(next(stream), raw_by_id(s3, raw), L)
 
@@ -262,9 +262,7 @@ def test_prefetch_builds_several_batches_at_once(lakes, s3_server):
         return x
 
     s3 = open_s3(ds, s3_server.storage_options)
-    stream = s3.segment_stream(
-        batch_size=B, sequence_length=L, seed=0, prefetch=2, transform={"observation/camera": meet}
-    )
+    stream = s3.segment_stream(L, batch_size=B, seed=0, prefetch=2, transform={"observation/camera": meet})
     batches = iter(stream)
     by_id = raw_by_id(s3, raw)
     for _ in range(4):

@@ -26,7 +26,7 @@ def main() -> None:
     opts = json.loads(os.environ["CACHE_READER_OPTIONS"])
     ds = el.Dataset.open(url, storage_options=opts, read_only=True, cache_dir=cache_dir)
     # no prefetch: exactly BATCHES batches are read, so two runs read the same bytes
-    stream = iter(ds.segment_stream(batch_size=8, sequence_length=4, seed=seed, prefetch=0))
+    stream = iter(ds.segment_stream(4, batch_size=8, seed=seed, prefetch=0))
     crcs = [zlib.crc32(np.ascontiguousarray(next(stream).all_obs["camera"]).data) for _ in range(batches)]
     f = fetch.fetcher(ds.location)
     assert f.disk is not None

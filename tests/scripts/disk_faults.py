@@ -63,7 +63,7 @@ def record(url: str, seed: int, tensors: bool) -> el.Dataset:
 
 def prefetch(url: str) -> None:
     ds = el.Dataset.open(url, read_only=True)
-    stream = ds.segment_stream(sequence_length=2, batch_size=4, prefetch=2, seed=0)
+    stream = ds.segment_stream(2, batch_size=4, prefetch=2, seed=0)
     next(stream)
     say(ready=True)
     sys.stdin.readline()

@@ -39,7 +39,7 @@ assert messages.next(block=True) == "created"
 first = messages.next(block=True)
 assert first is not None and first.startswith("committed"), first
 ds = el.Dataset.open(sys.argv[1], read_only=True)
-stream = ds.segment_stream(sequence_length=2, batch_size=16, seed=0, pad=None, priority=1.0, alpha=0.6)
+stream = ds.segment_stream(el.Window(2, pad=None), batch_size=16, seed=0, sampler=el.Prioritized(1.0, alpha=0.6))
 opened = stream.version
 ack_pipe("w").write(f"opened {opened}\n")
 batches = refreshes = versions = 0
