@@ -307,10 +307,12 @@ CASES: list[tuple[str, Callable[[el.Dataset], object], type[Exception], str]] = 
     ("concat other schema", lambda ds: el.concat([ds, el.Dataset.create(el.DatasetSchema([el.FieldSpec("state", (4,), "float32"), *strict_schema().fields[1:]]))]), el.SchemaError, r"field 'observation/state' is observation float32\[4\] \(table\) in source 1"),
     ("concat weights", lambda ds: el.concat([ds, ds], weights=[1]), el.ArgumentError, r"one weight per source \(2\)"),
     ("concat stream sequential", lambda ds: el.concat([ds, ds]).segment_stream(2, sampler=el.Sequential()), el.ArgumentError, r"el.concat\(...\).segment_stream: sampler=Sequential\(\) does not apply; it takes el.Uniform\(\), el.Weighted\(weights\)"),
-    # the viewer (viewer/server.py)
+    # the viewer and Rerun recordings (viewer/server.py, exporters/rrd.py)
     ("el.view bad where", lambda ds: el.view(ds, where="nope >"), el.QueryError, r"invalid where\(\) predicate 'nope >'"),
     ("el.view bad port", lambda ds: el.view(ds, port=70000), el.ArgumentError, r"port must be an int in 0..65535"),
     ("el.view bad host", lambda ds: el.view(ds, host=""), el.ArgumentError, r"host must be an address string"),
+    ("to_rerun unknown id", lambda ds: el.to_rerun(ds, "never-written.rrd", episodes=[12345]), KeyError, r"no episode with id 12345"),
+    ("to_rerun path", lambda ds: el.to_rerun(ds, 3), el.ArgumentError, r"path must be a file path, got 3"),
     # copies
     ("copy onto itself", lambda ds: ds.copy_to(ds.location.url), el.LocationError, r"cannot copy .* onto itself"),
     ("copy bad compression", lambda ds: ds.copy_to(None, compression="lz4"), el.SchemaError, r"field 'camera': compression"),
@@ -486,6 +488,7 @@ COVERS: dict[str, list[str]] = {
     "DatasetView.trajectories": ["view trajectories nothing"],
     "concat": ["concat other schema", "concat weights", "concat stream sequential"],
     "view": ["el.view bad where", "el.view bad port", "el.view bad host"],
+    "to_rerun": ["to_rerun unknown id", "to_rerun path"],
     "EpisodeRef.read": ["read negative start", "read past the end", "read empty range", "read stop float"],
     "EpisodeWriter.add_step": ["add_step meta unknown", "add_step meta= wrong type", "step missing action", "step unknown key", "step role twice", "step action shape", "step action dtype", "step reward NaN", "step reward inf", "step obs inf", "step obs missing", "step both flags", "step flag not bool", "step flag array", "step after the end"],
     "EpisodeWriter.check_step": ["check_step unknown key"],

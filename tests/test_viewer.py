@@ -259,6 +259,73 @@ def test_el_view_serves_a_view_in_the_background_until_stopped(written):
         urllib.request.urlopen(link, timeout=10)
 
 
+# ---- el.to_rerun
+
+
+def _recording(path: Path) -> dict[str, dict[str, list]]:
+    """entity path -> column -> values over every chunk, in step order, read with rerun's own RrdReader."""
+    from rerun.chunk import RrdReader
+
+    out: dict[str, dict[str, list]] = {}
+    for chunk in RrdReader(path).stream():
+        batch = chunk.to_record_batch().to_pydict()
+        entity = out.setdefault(chunk.entity_path, {})
+        for name, values in batch.items():
+            entity.setdefault(name, []).extend(values)
+    for entity in out.values():
+        if "step" in entity:
+            order = np.argsort(entity["step"], kind="stable")
+            for name in entity:
+                entity[name] = [entity[name][i] for i in order]
+    return out
+
+
+def test_to_rerun_writes_the_chosen_episodes_cameras_and_series_on_the_step_timeline(written, tmp_path):
+    pytest.importorskip("rerun")
+    _, episodes, ids = written
+    ds = el.Dataset.open(written[0], read_only=True)
+    view = ds.where("task = 'push'")
+    chosen = [int(view.episode_ids[0]), int(view.episode_ids[3])]
+    path = tmp_path / "push.rrd"
+    assert el.to_rerun(view, path, episodes=chosen) == 2
+    recording = _recording(path)
+    for eid in chosen:
+        raw = episodes[int(np.flatnonzero(ids == eid)[0])]
+        stored = ds.episode(id=eid).read().data  # the front camera is JPEG: the recording holds the decoded frames
+        root = f"/episodes/{eid}"
+        T = len(raw["rewards"])
+        assert {k for k in recording if k.startswith(root + "/")} == {
+            f"{root}/{k}"
+            for k in ("columns", "observation/front", "observation/wrist", "observation/state", "action", "reward")
+        }
+        for key, want in (
+            ("action", raw["actions"]),
+            ("reward", raw["rewards"][:, None]),
+            ("observation/state", raw["observations"]["state"]),
+        ):
+            series = recording[f"{root}/{key}"]
+            assert series["step"] == list(range(len(want)))
+            np.testing.assert_array_equal(np.array(series["Scalars:scalars"]), want.astype(np.float64))
+        for key, frames in (
+            ("front", stored["observation/front"]),
+            ("wrist", raw["observations"]["wrist"].transpose(0, 2, 3, 1)),
+        ):
+            images = recording[f"{root}/observation/{key}"]
+            assert images["step"] == list(range(T + 1))
+            h, w = frames.shape[1:3]
+            assert {(f[0]["width"], f[0]["height"]) for f in images["Image:format"]} == {(w, h)}
+            np.testing.assert_array_equal(
+                np.array([b[0] for b in images["Image:buffer"]], np.uint8).reshape(frames.shape), frames
+            )
+        columns = json.loads(recording[f"{root}/columns"]["TextDocument:text"][0][0])
+        assert columns["task"] == "push" and columns["seed"] == raw["meta"]["seed"] and columns["length"] == T
+    others = {k.split("/")[2] for k in recording if k.startswith("/episodes/")}
+    assert others == {str(e) for e in chosen}
+    with pytest.raises(KeyError, match=f"no episode with id {ids[1]}"):  # seed 1 is a "place" episode
+        el.to_rerun(view, tmp_path / "none.rrd", episodes=[int(ids[1])])
+    assert not (tmp_path / "none.rrd").exists()
+
+
 # ---- the command
 
 

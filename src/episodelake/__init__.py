@@ -28,6 +28,7 @@ from .core.schema import DatasetSchema, FieldSpec, infer_schema, schema_from_gym
 from .core.segments import RoleView, Segment
 from .core.transforms import FrameTransform
 from .dataset import Dataset, DatasetView, EpisodeRef
+from .exporters.rrd import to_rerun
 from .lineage import load_state, save_state, stream_from_state
 from .sampling.batch import SegmentBatch as Batch
 from .sampling.options import Prioritized, Sequential, Shard, Uniform, Weighted, Window
@@ -83,5 +84,6 @@ __all__ = [
     "save_state",
     "schema_from_gym_spaces",
     "stream_from_state",
+    "to_rerun",
     "view",
 ]

@@ -39,6 +39,7 @@ import numpy as np
 from ..core.errors import ArgumentError, EpisodeLakeError
 from ..dataset import Dataset
 from ..exporters.lerobot import is_camera
+from ..exporters.rrd import is_series
 from . import pages
 from .video import MIME, VideoCache, hwc_frames
 
@@ -48,7 +49,6 @@ if TYPE_CHECKING:
 
 PAGE_SIZE = 50
 DEFAULT_FPS = 10.0
-PLOT_MAX_CHANNELS = 16  # per-step fields with more elements per step (images, big states) are not plotted
 HIDDEN_PREFIXES = ("ref/", "crc/", "stats/")  # table bookkeeping, not for the list
 STATIC_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8"}
 _RANGE = re.compile(r"bytes=(\d*)-(\d*)$")
@@ -97,13 +97,7 @@ class Viewer:
         self.fps = float(fps or (info_fps if isinstance(info_fps, int | float) and info_fps > 0 else DEFAULT_FPS))
         schema = collection.schema
         self.cameras = [f.key for f in schema.step_fields if is_camera(f)]
-        self.plotted = [
-            f.key
-            for f in schema.step_fields
-            if not is_camera(f)
-            and np.dtype(f.np_dtype).kind in "biuf"
-            and int(np.prod(f.shape, dtype=np.int64)) <= PLOT_MAX_CHANNELS
-        ]
+        self.plotted = [f.key for f in schema.step_fields if is_series(f)]
         step_keys = {f.key for f in schema.step_fields}
         result = collection.sql("SELECT * FROM episodes LIMIT 0", sandbox=True)
         names = result.columns if result is not None else []
