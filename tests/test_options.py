@@ -143,3 +143,66 @@ def test_bad_sampler_and_shard_values_are_named(ds):
         ds.segment_stream(2, shard="0,2")
     with pytest.raises(el.ArgumentError, match=r"^seed and rng apply to the built-in draws"):
         ds.sample_transitions(4, seed=0, sampler=FirstSegments())
+
+
+def record_03(**changes):
+    """A lineage ``stream`` record as episodelake 0.3 wrote it: one keyword per option."""
+    record = {
+        "sequence_length": 3,
+        "context_length": None,
+        "target_length": None,
+        "batch_size": 4,
+        "seed": 7,
+        "shuffle": True,
+        "replacement": True,
+        "pad": "suffix",
+        "stride": 1,
+        "where": None,
+        "filter": None,
+        "weights": None,
+        "sampler": None,
+        "priority": None,
+        "alpha": None,
+        "beta": None,
+        "shard": [0, 1],
+        "shard_policy": "wrap",
+        "drop_last": False,
+        "prefetch": 2,
+        "follow": False,
+        "transform": None,
+    }
+    return {**record, **changes}
+
+
+@pytest.mark.parametrize(
+    ("old", "window", "options"),
+    [
+        ({}, 3, {}),
+        ({"shuffle": False, "shard": [1, 2]}, 3, {"sampler": el.Sequential(), "shard": (1, 2)}),
+        (
+            {"replacement": False, "shard": [1, 3], "shard_policy": "drop", "pad": None, "stride": 2},
+            el.Window(3, pad=None, stride=2),
+            {"sampler": el.Uniform(replacement=False), "shard": el.Shard(1, 3, policy="drop")},
+        ),
+        (
+            {"sequence_length": None, "context_length": 2, "target_length": 1, "weights": "length"},
+            el.Window(context=2, target=1),
+            {"sampler": el.Weighted("length")},
+        ),
+        ({"priority": "length", "beta": 0.5}, 3, {"sampler": el.Prioritized("length", beta=0.5)}),
+    ],
+)
+def test_a_03_lineage_record_rebuilds_with_the_option_objects(ds, old, window, options):
+    """0.3's keyword record (shuffle=, replacement=, weights=, priority=, alpha/beta, shard_policy=) rebuilds."""
+    by_hand = ds.segment_stream(window, batch_size=4, seed=7, prefetch=0, **options)
+    next(by_hand)
+    state = by_hand.state_dict()
+    recorded = state["lineage"]["stream"]
+    assert set(recorded) == set(record_03())  # the keys 0.3 recorded
+    assert {k: v for k, v in recorded.items() if k not in ("alpha", "beta", "prefetch")} == {
+        k: v for k, v in record_03(**old).items() if k not in ("alpha", "beta", "prefetch")
+    }  # 0.3 recorded alpha/beta as given (None: the default); now as used
+    state["lineage"]["stream"] = record_03(**old)
+    rebuilt = el.stream_from_state(state, collection=ds)
+    assert rebuilt.state_dict()["params"] == state["params"]
+    np.testing.assert_array_equal(next(rebuilt).data["observation/state"], next(by_hand).data["observation/state"])

@@ -239,7 +239,7 @@ class SegmentStream:
             "batch_size": self.batch_size,
             "seed": int(seed),
             "shuffle": kind != "sequential",
-            "replacement": kind not in ("passes", "sequential"),
+            "replacement": kind != "passes",
             "pad": win.pad,
             "stride": win.stride,
             "where": where,
