@@ -27,9 +27,7 @@ from episodelake.integrations.torch import to_torch
 
 
 def stream_for(ds: el.Dataset, rank: int, world: int):
-    return ds.segment_stream(
-        sequence_length=4, batch_size=3, shuffle=True, replacement=False, seed=7, shard=(rank, world)
-    )
+    return ds.segment_stream(4, batch_size=3, sampler=el.Uniform(replacement=False), seed=7, shard=(rank, world))
 
 
 def worker(rank: int, args: argparse.Namespace, port: int) -> None:

@@ -54,7 +54,7 @@ while True:
         assert seg.truncated[-1] and not seg.truncated[:-1].any()
         verified.add(ep.episode_id)
     if len(ds):
-        batch = ds.segment_stream(sequence_length=2, batch_size=4, seed=batches, prefetch=0).sample()
+        batch = ds.segment_stream(2, batch_size=4, seed=batches, prefetch=0).sample()
         for b in range(4):
             values, _ = expected(int(batch.meta["k"][b]))
             rows = batch.start[b] + np.arange(2)
