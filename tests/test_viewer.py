@@ -259,6 +259,23 @@ def test_el_view_serves_a_view_in_the_background_until_stopped(written):
         urllib.request.urlopen(link, timeout=10)
 
 
+def test_a_dataset_on_object_storage_through_the_disk_cache(written, s3_server, s3_url, tmp_path):
+    """An ``s3://`` dataset opened with ``cache_dir`` (what ``view --options ... --cache-dir`` does): the same pages."""
+    ids = written[2]
+    opts = s3_server.storage_options
+    el.Dataset.open(written[0], read_only=True).where("seed < 8").copy_to(s3_url, opts, progress=False)
+    cache = tmp_path / "cache"
+    ds = el.Dataset.open(s3_url, storage_options=opts, read_only=True, cache_dir=cache)
+    link = el.view(ds, where="task = 'pick'")
+    try:
+        assert listed_ids(get(link)[2]) == [int(ids[i]) for i in (0, 3, 6)]
+        status, kind, data = get(f"{link}video/{ids[3]}/observation/wrist.webm")
+        assert status == 200 and kind == "video/webm" and len(data) > 0
+    finally:
+        link.stop()
+    assert any(p.is_file() for p in cache.rglob("*"))  # the camera's bytes came through the disk cache
+
+
 # ---- el.to_rerun
 
 
