@@ -1,7 +1,7 @@
 """Many nodes, no coordinator: 3 ranks (real processes, ``torch.distributed`` gloo) stream one S3 snapshot.
 
 Each rank opens the same dataset on the local S3 server (with its own disk cache) and streams its shard
-of a shuffled pass (``segment_stream(replacement=False, shard=(rank, 3))``)
+of a shuffled pass (``segment_stream(L, sampler=el.Uniform(replacement=False), shard=(rank, 3))``)
 through epoch 0, into epoch 1, saves its state and exits; fresh processes
 resume from the state files and finish epoch 1. Checked by exit status and by
 the batches the ranks wrote to disk, against a plan computed here in plain

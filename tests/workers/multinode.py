@@ -3,7 +3,7 @@
 Joins a ``torch.distributed`` gloo group (``config["init_method"]``, world
 ``config["world"]``), opens the dataset on S3 with its own disk cache
 (``OUT/cache-RANK``) and streams its shard of
-``segment_stream(replacement=False, shard=(rank, world))``:
+``segment_stream(L, sampler=el.Uniform(replacement=False), shard=(rank, world))``:
 
 * phase ``first``: all of epoch 0, then ``config["resume_after"]`` batches of
   epoch 1; then saves ``state_dict()`` to ``state-RANK.json``;
@@ -39,10 +39,10 @@ def main(rank: int, config: dict) -> int:
         cache_dir=os.path.join(config["out"], f"cache-{rank}"),  # a node's disk cache: each rank is a node here
     )
     stream = ds.segment_stream(
-        sequence_length=config["L"],
+        config["L"],
         batch_size=config["B"],
         seed=config["seed"],
-        replacement=False,
+        sampler=el.Uniform(replacement=False),
         shard=(rank, world),
     )
     out, phase = config["out"], config["phase"]
