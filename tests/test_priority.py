@@ -1,4 +1,4 @@
-"""Prioritized replay: the sum tree, ``priority=`` on streams and transitions, update_priorities, resume.
+"""Prioritized replay: the sum tree, ``el.Prioritized`` on streams and transitions, update_priorities, resume.
 
 References are computed here, independently of the library: naive ``np.cumsum``
 search for the tree, and ``p ** alpha / sum(p ** alpha)`` over the items
@@ -284,7 +284,7 @@ def count(where, tr, n):
 
 
 def test_transitions_priority_from_a_step_field():
-    """priority="reward" (a per-step field): P(transition) = reward**alpha / sum; weights by the formula."""
+    """el.Prioritized("reward") (a per-step field): P(transition) = reward**alpha / sum; weights by the formula."""
     ds, episodes = make_dataset()
     where, reward = transitions_of(ds, episodes)
     P = reward**ALPHA / (reward**ALPHA).sum()
@@ -344,7 +344,7 @@ def test_kept_sampler_updates_grows_and_narrows(tmp_path):
 
 
 def test_transitions_weights_and_custom_sampler():
-    """weights= draws episodes in proportion to weight * length; sampler= gets the transition index."""
+    """el.Weighted draws episodes in proportion to weight * length; a Sampler object gets the transition index."""
     ds, episodes = make_dataset()
     lengths = np.array([len(e["rewards"]) for e in episodes])
     difficulty = np.array([e["meta"]["difficulty"] for e in episodes])

@@ -76,7 +76,7 @@ def test_a_stream_never_draws_a_deleted_episode_after_its_priorities_are_raised(
 
 
 def test_a_step_field_priority_must_be_a_numeric_scalar(tmp_path):
-    """priority= names "a scalar numeric per-step field": a vector field is refused, naming it."""
+    """el.Prioritized(key) names "a scalar numeric per-step field": a vector field is refused, naming it."""
     from .conftest import robot_schema
 
     rng = np.random.default_rng(1)

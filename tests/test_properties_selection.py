@@ -78,7 +78,7 @@ def test_sampling_a_view_with_where_and_filter_draws_the_intersection(lake, a, b
 
 
 def test_a_weights_query_must_return_both_columns(lake):
-    """A ``weights=`` query must return ``episode_id`` and ``weight`` (its docs): one of them missing is refused."""
+    """An ``el.Weighted`` query must return ``episode_id`` and ``weight`` (its docs): one of them missing is refused."""
     ds, _ = lake
     for query in ("SELECT episode_id FROM episodes", "SELECT 1.0 AS weight FROM episodes"):
         with pytest.raises(el.ArgumentError, match="episode_id and weight"):
