@@ -23,7 +23,7 @@ from .conftest import build_robot_dataset
         (lambda: el.Window(context=0, target=4), r"^window context must be a positive int, got 0$"),
         (lambda: el.Window(context=8, target=-1), r"^window target must be a positive int, got -1$"),
         (lambda: el.Window(10, context=8, target=4), r"^window: length=10 disagrees with context \+ target = 12$"),
-        (lambda: el.Window(4, pad="middle"), r"^pad must be 'suffix', 'prefix' or None, got 'middle'$"),
+        (lambda: el.Window(4, pad="middle"), r"^window pad must be 'suffix', 'prefix' or None, got 'middle'$"),
         (lambda: el.Window(4, stride=0), r"^window stride must be a positive int, got 0$"),
         (lambda: el.Uniform(replacement=0), r"^Uniform replacement must be a bool, got 0$"),
         (lambda: el.Weighted(None), r"^Weighted weights must be a SQL string or an array, got None$"),

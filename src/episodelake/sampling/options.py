@@ -65,7 +65,7 @@ class Window:
             raise ArgumentError("window: give a length, or context and target")
         else:
             check_positive(self.length, "window length")
-        check_pad(self.pad)
+        check_pad(self.pad, "window pad")
         check_positive(self.stride, "window stride")
 
     @property

@@ -33,9 +33,9 @@ PAD_MODES = ("suffix", "prefix", None)
 GUIDE_MIN_BATCH_SHARE = 64  # a draw of fewer than episodes / 64 ids binary-searches rather than build the guide
 
 
-def check_pad(pad: str | None) -> str | None:
+def check_pad(pad: str | None, name: str = "pad") -> str | None:
     if pad not in PAD_MODES:
-        raise ArgumentError(f"pad must be 'suffix', 'prefix' or None, got {pad!r}")
+        raise ArgumentError(f"{name} must be 'suffix', 'prefix' or None, got {pad!r}")
     return pad
 
 
