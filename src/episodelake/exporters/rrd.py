@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -23,8 +24,6 @@ from ..core.errors import ArgumentError, MissingDependencyError
 from .lerobot import is_camera
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
-
     from ..core.schema import FieldSpec
     from ..read.collection import EpisodeCollection
 
@@ -40,12 +39,29 @@ def is_series(f: FieldSpec) -> bool:
     )
 
 
-def _columns(collection: EpisodeCollection, episode_id: int) -> dict[str, Any]:
-    """The episode's table columns but per-step lists and bookkeeping, as JSON-able values."""
-    result = collection.sql("SELECT * FROM episodes WHERE episode_id = ?", [episode_id], sandbox=True)
-    row = result.to_arrow_table().to_pylist()[0]
+def episode_columns(collection: EpisodeCollection) -> list[str]:
+    """The ``episodes`` view's columns a person reads: id, length, flags, return, ``created_at``, meta, derived.
+
+    Per-step list columns and the table's bookkeeping (``writer``, ``ref/``,
+    ``crc/``, ``stats/``) are left out.
+    """
+    names = collection.sql("SELECT * FROM episodes LIMIT 0", sandbox=True).columns
     steps = {f.key for f in collection.schema.step_fields}
-    return {k: v for k, v in row.items() if k not in steps and not k.startswith(("ref/", "crc/", "stats/"))}
+    return [c for c in names if c != "writer" and c not in steps and not c.startswith(("ref/", "crc/", "stats/"))]
+
+
+def quoted(names: Iterable[str]) -> str:
+    """SQL column names, double-quoted and comma-separated (keys hold ``/``)."""
+    return ", ".join('"' + name.replace('"', '""') + '"' for name in names)
+
+
+def episode_row(collection: EpisodeCollection, names: list[str], episode_id: int) -> dict[str, Any]:
+    """The columns ``names`` of one episode of ``collection`` (KeyError: not among them), as Python values."""
+    query = f"SELECT {quoted(names)} FROM episodes WHERE episode_id = ?"
+    rows = collection.sql(query, [episode_id], sandbox=True).to_arrow_table().to_pylist()
+    if not rows:
+        raise KeyError(f"no episode with id {episode_id}")
+    return rows[0]
 
 
 def to_rerun(
@@ -78,6 +94,7 @@ def to_rerun(
             raise KeyError(f"no episode with id {missing[0]} among these {len(ids)} episodes")
     wanted = set(chosen.tolist())
     fields = collection.schema.step_fields
+    names = episode_columns(collection)
     rec = rr.RecordingStream(application_id)
     rec.save(os.fspath(path))
     written = 0
@@ -88,7 +105,7 @@ def to_rerun(
         root = f"episodes/{ep.episode_id}"
         rec.log(
             f"{root}/columns",
-            rr.TextDocument(json.dumps(_columns(collection, ep.episode_id), default=str)),
+            rr.TextDocument(json.dumps(episode_row(collection, names, ep.episode_id), default=str)),
             static=True,
         )
         for f in fields:

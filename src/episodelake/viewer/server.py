@@ -39,7 +39,7 @@ import numpy as np
 from ..core.errors import ArgumentError, EpisodeLakeError
 from ..dataset import Dataset
 from ..exporters.lerobot import is_camera
-from ..exporters.rrd import is_series
+from ..exporters.rrd import episode_columns, episode_row, is_series, quoted
 from . import pages
 from .video import MIME, VideoCache, hwc_frames
 
@@ -49,7 +49,6 @@ if TYPE_CHECKING:
 
 PAGE_SIZE = 50
 DEFAULT_FPS = 10.0
-HIDDEN_PREFIXES = ("ref/", "crc/", "stats/")  # table bookkeeping, not for the list
 STATIC_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8"}
 _RANGE = re.compile(r"bytes=(\d*)-(\d*)$")
 
@@ -60,10 +59,6 @@ class BadRequest(EpisodeLakeError):
     def __init__(self, message: str, status: HTTPStatus = HTTPStatus.BAD_REQUEST) -> None:
         super().__init__(message)
         self.status = status
-
-
-def _quote(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
 
 
 def _plain(value: Any) -> Any:
@@ -98,10 +93,7 @@ class Viewer:
         schema = collection.schema
         self.cameras = [f.key for f in schema.step_fields if is_camera(f)]
         self.plotted = [f.key for f in schema.step_fields if is_series(f)]
-        step_keys = {f.key for f in schema.step_fields}
-        result = collection.sql("SELECT * FROM episodes LIMIT 0", sandbox=True)
-        names = result.columns if result is not None else []
-        self.columns = [c for c in names if c != "writer" and c not in step_keys and not c.startswith(HIDDEN_PREFIXES)]
+        self.columns = episode_columns(collection)
         self.videos = VideoCache(self.fps)
         self._views: OrderedDict[str, Dataset | DatasetView] = OrderedDict()
         self._segments: OrderedDict[int, Segment] = OrderedDict()
@@ -139,12 +131,11 @@ class Viewer:
         pages_ = max(1, math.ceil(count / PAGE_SIZE))
         if page < 0 or page >= pages_:
             raise BadRequest(f"page {page} is outside 0..{pages_ - 1}", HTTPStatus.NOT_FOUND)
-        order = f"{_quote(sort)} {'DESC' if desc else 'ASC'} NULLS LAST"
+        order = f"{quoted([sort])} {'DESC' if desc else 'ASC'} NULLS LAST"
         if sort != "episode_id":
             order += ", episode_id"
         query = (
-            f"SELECT {', '.join(_quote(c) for c in self.columns)} FROM episodes ORDER BY {order} "
-            f"LIMIT {PAGE_SIZE} OFFSET {page * PAGE_SIZE}"
+            f"SELECT {quoted(self.columns)} FROM episodes ORDER BY {order} LIMIT {PAGE_SIZE} OFFSET {page * PAGE_SIZE}"
         )
         result = view.sql(query, sandbox=True)
         rows = result.fetchall() if result is not None else []
@@ -161,12 +152,6 @@ class Viewer:
     # ---- one episode
     def _segment(self, view: Dataset | DatasetView, episode_id: int) -> Segment:
         return self._kept(self._segments, episode_id, lambda: view.episode(id=episode_id).read(), self._lock, 4)
-
-    def _row(self, view: Dataset | DatasetView, episode_id: int) -> dict[str, Any]:
-        query = f"SELECT {', '.join(_quote(c) for c in self.columns)} FROM episodes WHERE episode_id = ?"
-        result = view.sql(query, [episode_id], sandbox=True)
-        row = result.fetchone() if result is not None else None
-        return {} if row is None else {c: _plain(v) for c, v in zip(self.columns, row, strict=True)}
 
     def episode_page(self, where: str, episode_id: int) -> dict[str, Any]:
         """An episode's columns, plots (per-step values), cameras and its neighbours within ``where``."""
@@ -190,7 +175,7 @@ class Viewer:
             "length": ep.length,
             "terminated": ep.terminated,
             "truncated": ep.truncated,
-            "row": self._row(view, episode_id),
+            "row": {k: _plain(v) for k, v in episode_row(view, self.columns, episode_id).items()},
             "plots": plots,
             "frames": frames,
             "fps": self.fps,
