@@ -24,9 +24,9 @@
   }
 
   function plot(key, channels) {
-    const values = channels.flat().filter((v) => v !== null);
-    let lo = Math.min(...values), hi = Math.max(...values);
-    if (!values.length) { lo = 0; hi = 1; }
+    let lo = Infinity, hi = -Infinity; // a loop, not Math.min(...values): long episodes overflow the call stack
+    for (const series of channels) for (const v of series) if (v !== null) { lo = Math.min(lo, v); hi = Math.max(hi, v); }
+    if (lo === Infinity) { lo = 0; hi = 1; }
     if (lo === hi) { lo -= 1; hi += 1; }
     const y = (v) => T + ((hi - v) * (H - T - B)) / (hi - lo);
     const svg = el("svg", { class: "plot", width: W, height: H, "data-key": key });
