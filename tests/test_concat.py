@@ -340,7 +340,7 @@ def test_segment_stream_without_weights_is_uniform_over_segments(two):
 
 def test_segment_stream_arguments(two):
     demos, online, _, by_key = two
-    with pytest.raises(el.ArgumentError, match=r"segment_stream: per-episode el.Weighted on a concat needs source weights"):
+    with pytest.raises(el.ArgumentError, match=r"per-episode el.Weighted on a concat needs source weights"):
         el.concat([demos, online]).segment_stream(4, sampler=el.Weighted("length"))
     with pytest.raises(el.ArgumentError, match=r"window: give both context and target"):
         el.concat([demos, online]).segment_stream(el.Window(context=4))
