@@ -66,8 +66,12 @@ def small_disk(tmp_path) -> Iterator[Path]:
 def run_writer(mode: str, url: str, *flags: str) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, str(SCRIPT), mode, url, str(SEED), *flags],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        cwd=ROOT,
     )
 
 
@@ -181,8 +185,11 @@ def test_create_on_a_full_disk_raises_enospc(small_disk):
 
 def tree_digest(root: Path) -> dict[str, str]:
     """Every file under ``root`` and the SHA-256 of its bytes."""
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 @pytest.fixture
@@ -283,8 +290,12 @@ def as_nobody(*args: str, home: Path) -> subprocess.Popen:
         pytest.skip("needs root and setpriv (util-linux) to run the script as another user")
     return subprocess.Popen(
         ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, str(SCRIPT), *args],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "HOME": str(home)}, cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "HOME": str(home)},
+        cwd=ROOT,
     )
 
 
@@ -350,4 +361,3 @@ def test_panic_reports_are_dropped_from_stderr_only_when_the_block_failed(capfd)
         os.write(2, written.encode())
         raise RuntimeError("the commit failed")
     assert capfd.readouterr().err == "kept before\nkept between\nkept after\n"
-

@@ -26,8 +26,9 @@ def write(ds: el.Dataset, numbers: range) -> None:
 
 
 def run_cli(*args: str) -> str:
-    done = subprocess.run([sys.executable, "-m", "episodelake.cli", *args], capture_output=True, text=True, cwd=ROOT,
-                          timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "episodelake.cli", *args], capture_output=True, text=True, cwd=ROOT, timeout=300
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout
 

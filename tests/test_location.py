@@ -47,15 +47,24 @@ DEFAULT_DELTA_TIMEOUTS = {
 def test_timeouts_reach_every_engine():
     """One policy in storage_options["timeouts"] becomes TensorStore retries, deltalake options and botocore
     config; it is not passed on as an fsspec option."""
-    policy = {"connect_timeout": 1, "read_timeout": 7, "max_retries": 3, "initial_delay": 0.01, "max_delay": 0.5,
-              "deadline": 9}
+    policy = {
+        "connect_timeout": 1,
+        "read_timeout": 7,
+        "max_retries": 3,
+        "initial_delay": 0.01,
+        "max_delay": 0.5,
+        "deadline": 9,
+    }
     loc = resolve("s3://bucket/root", {**S3_OPTS, "timeouts": policy})
     assert "timeouts" not in loc.storage_options
     spec = loc.kvstore("tensors")
     assert spec["context"] == {"s3_request_retries": {"max_retries": 3, "initial_delay": "0.01s", "max_delay": "0.5s"}}
     delta = loc.delta_options()
     assert {k: delta[k] for k in ("connect_timeout", "timeout", "retry_timeout")} == {
-        "connect_timeout": "1s", "timeout": "7s", "retry_timeout": "9s"}
+        "connect_timeout": "1s",
+        "timeout": "7s",
+        "retry_timeout": "9s",
+    }
     assert "max_retries" not in delta  # Polars takes that key as its own int option
     assert (delta["backoff_config.init_backoff"], delta["backoff_config.max_backoff"]) == ("0.01s", "0.5s")
     config = loc.fs.config_kwargs

@@ -29,8 +29,14 @@ from .test_s3 import assert_episode, make_episodes
 
 ROOT = Path(__file__).resolve().parents[1]
 # a dead endpoint fails a call after a few fast retries, so these tests do not wait out the defaults
-FAST = {"connect_timeout": 2, "read_timeout": 5, "max_retries": 3, "initial_delay": 0.01, "max_delay": 0.1,
-        "deadline": 15}
+FAST = {
+    "connect_timeout": 2,
+    "read_timeout": 5,
+    "max_retries": 3,
+    "initial_delay": 0.01,
+    "max_delay": 0.1,
+    "deadline": 15,
+}
 
 
 def options(proxy: FaultProxy, base: dict, timeouts: dict | None = FAST) -> dict:
@@ -42,7 +48,10 @@ def check_in_fresh_process(url: str, opts: dict, seed: int, count: int, n: int) 
     """A new process reopening ``url`` finds exactly the first ``n`` of ``make_episodes(seed, count)``."""
     proc = subprocess.run(
         [sys.executable, "-m", "tests.scripts.check_s3_episodes", url, json.dumps(opts), str(seed), str(count), str(n)],
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.strip().endswith(f"ok {n}")
@@ -124,7 +133,12 @@ def test_exit_commit_on_a_dead_endpoint_names_the_lost_episodes_once(s3_server, 
         env = {**os.environ, "EXIT_STORAGE_OPTIONS": json.dumps(options(proxy, s3_server.storage_options))}
         proc = subprocess.Popen(
             [sys.executable, "-m", "tests.scripts.exit_record", s3_url, "3", "2", "--end", "wait"],
-            cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            cwd=ROOT,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
         proxy.set_down(True)

@@ -120,7 +120,10 @@ def test_sql_on_a_dead_endpoint_is_storage_error(s3_server, s3_url):
     ds.flush()
     run = subprocess.run(
         [sys.executable, "-m", "tests.scripts.sql_dead_endpoint", s3_url, json.dumps(s3_server.storage_options)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert run.returncode == 0, run.stdout + run.stderr
     assert run.stdout.split("\n")[:3] == [f"{call} StorageError {s3_url}" for call in ("fetch", "fetchnumpy", "where")]

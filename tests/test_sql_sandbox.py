@@ -43,7 +43,7 @@ def ds(recorded):
     root, raws = recorded
     ds = el.Dataset.open(str(root / "ds"), read_only=True)
     # episode order is commit order for one writer: the reference episodes line up with positions
-    lengths = ds.sql('SELECT length FROM episodes ORDER BY created_at, episode_id').fetchnumpy()["length"]
+    lengths = ds.sql("SELECT length FROM episodes ORDER BY created_at, episode_id").fetchnumpy()["length"]
     assert lengths.tolist() == [r.length for r in raws]
     return ds
 
@@ -215,7 +215,9 @@ def test_cli_where_is_sandboxed(recorded):
         assert SECRET not in run.stdout + run.stderr
     ok = subprocess.run(
         [str(cli), "sql", str(root / "ds"), "SELECT count(*) AS n FROM episodes", "--where", "success", "--json"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert ok.returncode == 0, ok.stderr
     assert json.loads(ok.stdout) == [{"n": sum(r.meta["success"] for r in raws)}]

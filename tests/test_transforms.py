@@ -77,11 +77,7 @@ def test_stream_applies_transforms_to_the_same_frames(camera_lake):
     ds = camera_lake
     t = FrameTransform(crop=(2, 4, 28, 32), resize=(16, 16), mean=0.5, std=0.25, layout="CHW")
     plain = next(iter(ds.segment_stream(4, batch_size=6, seed=11, prefetch=0)))
-    shaped = next(
-        iter(
-            ds.segment_stream(4, batch_size=6, seed=11, prefetch=0, transform={"observation/camera": t})
-        )
-    )
+    shaped = next(iter(ds.segment_stream(4, batch_size=6, seed=11, prefetch=0, transform={"observation/camera": t})))
     np.testing.assert_array_equal(shaped.episode_id, plain.episode_id)
     np.testing.assert_array_equal(shaped.start, plain.start)
     assert shaped.all_obs.shape == (6, 5, 3, 16, 16) and shaped.all_obs.dtype == np.float32

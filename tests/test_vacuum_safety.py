@@ -70,8 +70,10 @@ def test_a_delete_in_flight_keeps_its_new_table_file_through_vacuum(kind, tmp_pa
     # What the delete of episode 5 writes before it commits: its file's rows without episode 5, as a new file.
     table = DeltaTable(loc.delta_uri(), storage_options=loc.delta_options())
     rels = pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist()
-    numbers = {rel: pq.read_table(pa.BufferReader(loc.fs.cat_file(loc.child("episodes", rel))))["n"].to_pylist()
-               for rel in rels}
+    numbers = {
+        rel: pq.read_table(pa.BufferReader(loc.fs.cat_file(loc.child("episodes", rel))))["n"].to_pylist()
+        for rel in rels
+    }
     old = next(rel for rel, ns in numbers.items() if 5 in ns)
     kept = pq.read_table(pa.BufferReader(loc.fs.cat_file(loc.child("episodes", old))))
     kept = kept.filter(pa.compute.not_equal(kept["n"], 5))
@@ -188,8 +190,9 @@ def test_a_retention_below_one_hour_needs_the_override(tmp_path, monkeypatch):
     refused = subprocess.run(cli, capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert refused.returncode != 0 and "--break-old-versions" in refused.stderr + refused.stdout
     assert tree_digest(path) == before
-    done = subprocess.run([*cli, "--break-old-versions", "--json"], capture_output=True, text=True, cwd=ROOT,
-                          timeout=300)
+    done = subprocess.run(
+        [*cli, "--break-old-versions", "--json"], capture_output=True, text=True, cwd=ROOT, timeout=300
+    )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["table_files"]  # the files only the older versions held
     assert live_numbers(el.Dataset.open(path)) == [0, 2, 3]
@@ -207,7 +210,6 @@ def test_a_descriptor_from_before_the_override_keeps_its_short_retention(tmp_pat
     assert reopened._store.capacity is not None and reopened._store.capacity.break_old_versions
     write(reopened, range(2, 5))
     assert live_numbers(el.Dataset.open(path)) == [2, 3, 4]
-
 
 
 def test_a_commit_whose_response_was_lost_is_not_committed_again(tmp_path):
@@ -229,8 +231,11 @@ def test_a_commit_whose_response_was_lost_is_not_committed_again(tmp_path):
     write(ds, range(3, 6))  # the commit lands (the response the writer lost)
     landed = ds.version
     added = [a["path"] for a in ds._store.table.add_actions()]
-    rows = next(t for t in (pq.read_table(os.path.join(path, "episodes", rel)) for rel in added)
-                if sorted(t["n"].to_pylist()) == [3, 4, 5])
+    rows = next(
+        t
+        for t in (pq.read_table(os.path.join(path, "episodes", rel)) for rel in added)
+        if sorted(t["n"].to_pylist()) == [3, 4, 5]
+    )
     rows = rows.select(stale.dt.schema().to_arrow().names).cast(pa.schema(stale.dt.schema().to_arrow()))
     assert stale.append(rows) == landed  # the retry: found in the log, not repeated
     fresh = el.Dataset.open(path)
@@ -348,15 +353,25 @@ def test_deletes_evictions_compactions_and_vacuums_race_without_loss(kind, tmp_p
     iterations = 40 if kind == "disk" else 24
     args = [plain, capacity, json.dumps(options), truth, str(iterations)]
     procs = {
-        role: subprocess.Popen([sys.executable, "-m", "tests.test_vacuum_safety", role, *args], cwd=ROOT,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        role: subprocess.Popen(
+            [sys.executable, "-m", "tests.test_vacuum_safety", role, *args],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for role in ("deleter", "evictor", "compactor", "vacuumer")
     }
     outcomes = {role: proc.communicate(timeout=600) for role, proc in procs.items()}
     for role, proc in procs.items():
         assert proc.returncode == 0, f"{role}: {outcomes[role][1][-3000:]}"
-    checked = subprocess.run([sys.executable, "-m", "tests.test_vacuum_safety", "check", *args], cwd=ROOT,
-                             capture_output=True, text=True, timeout=600)
+    checked = subprocess.run(
+        [sys.executable, "-m", "tests.test_vacuum_safety", "check", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert checked.returncode == 0, checked.stderr[-3000:]
     assert f"checked {3 * iterations} + {3 * iterations} episodes" in checked.stdout
 

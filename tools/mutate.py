@@ -64,7 +64,10 @@ MODULE_TESTS: dict[str, list[str]] = {
     "sampling/planner": ["test_sampling.py", "test_properties_sampling.py"],
     "read/selection": ["test_query.py", "test_properties_selection.py"],
     "read/query": [
-        "test_query.py", "test_table_corruption.py", "test_properties_selection.py", "test_sql_faults.py",
+        "test_query.py",
+        "test_table_corruption.py",
+        "test_properties_selection.py",
+        "test_sql_faults.py",
         "test_sql_sandbox.py",
     ],
     "sampling/priority": ["test_priority.py", "test_properties_priority.py"],

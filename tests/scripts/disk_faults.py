@@ -41,9 +41,15 @@ def schema(tensors: bool) -> el.DatasetSchema:
 
 
 def describe(exc: BaseException, **extra: object) -> dict:
-    return {"type": type(exc).__name__, "storage": isinstance(exc, el.StorageError),
-            "errno": getattr(exc, "errno", None), "dataset": getattr(exc, "dataset", None),
-            "text": str(exc), "cause": type(exc.__cause__).__name__, **extra}
+    return {
+        "type": type(exc).__name__,
+        "storage": isinstance(exc, el.StorageError),
+        "errno": getattr(exc, "errno", None),
+        "dataset": getattr(exc, "dataset", None),
+        "text": str(exc),
+        "cause": type(exc.__cause__).__name__,
+        **extra,
+    }
 
 
 def say(**line: object) -> None:

@@ -13,8 +13,14 @@ from tests.fault_proxy import FaultProxy
 
 import episodelake as el
 
-TIMEOUTS = {"connect_timeout": 2, "read_timeout": 5, "max_retries": 2, "initial_delay": 0.01, "max_delay": 0.1,
-            "deadline": 15}
+TIMEOUTS = {
+    "connect_timeout": 2,
+    "read_timeout": 5,
+    "max_retries": 2,
+    "initial_delay": 0.01,
+    "max_delay": 0.1,
+    "deadline": 15,
+}
 
 
 def main(url: str, options: dict) -> int:

@@ -571,4 +571,3 @@ def _closed_pipe() -> int:
     os.dup2(devnull, sys.stdout.fileno())
     os.close(devnull)
     return EXIT_CLOSED_PIPE
-

@@ -145,4 +145,3 @@ class Columns:
         lengths = snap.lengths[positions]
         columns = {key: encode(derived[key], value, lengths, ids) for key, value in values.items()}
         return write(self._store, ids, columns)
-

@@ -26,25 +26,72 @@ NO_CREDENTIALS = "no credentials were found for the storage"
 _FAULTS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
     (_errno.ENOSPC, "no space left on the device", ("no space left", "enospc", "disk quota exceeded")),
     (_errno.EROFS, "the file system is read-only", ("read-only file system", "erofs")),
-    (_errno.EACCES, NO_CREDENTIALS, ("unable to locate credentials", "nocredentialserror", "partialcredentialserror",
-                                    "missing credentials", "no credentials")),
-    (_errno.EACCES, "permission denied", ("permission denied", "permission_denied", "access denied", "accessdenied",
-                                         "eacces", "403 forbidden", "status code: 403", "http status 403")),
-    (_errno.ETIMEDOUT, "the storage did not answer in time", ("deadline_exceeded", "timed out", "timeout",
-                                                              "readtimeout", "connecttimeout")),
-    (_errno.ECONNREFUSED, "the storage endpoint is unreachable", (
-        "connection refused", "endpointconnectionerror", "could not connect", "failed to connect",
-        "connection reset", "connection aborted", "error trying to connect", "dns error", "unavailable",
-        "service unavailable", "connection closed", "broken pipe", "connecterror", "tcp connect",
-    )),
-    (_errno.EIO, "the storage kept failing", ("retries exhausted", "max retries", "slowdown", "slow down",
-                                             "503 service", "status code: 503")),
+    (
+        _errno.EACCES,
+        NO_CREDENTIALS,
+        (
+            "unable to locate credentials",
+            "nocredentialserror",
+            "partialcredentialserror",
+            "missing credentials",
+            "no credentials",
+        ),
+    ),
+    (
+        _errno.EACCES,
+        "permission denied",
+        (
+            "permission denied",
+            "permission_denied",
+            "access denied",
+            "accessdenied",
+            "eacces",
+            "403 forbidden",
+            "status code: 403",
+            "http status 403",
+        ),
+    ),
+    (
+        _errno.ETIMEDOUT,
+        "the storage did not answer in time",
+        ("deadline_exceeded", "timed out", "timeout", "readtimeout", "connecttimeout"),
+    ),
+    (
+        _errno.ECONNREFUSED,
+        "the storage endpoint is unreachable",
+        (
+            "connection refused",
+            "endpointconnectionerror",
+            "could not connect",
+            "failed to connect",
+            "connection reset",
+            "connection aborted",
+            "error trying to connect",
+            "dns error",
+            "unavailable",
+            "service unavailable",
+            "connection closed",
+            "broken pipe",
+            "connecterror",
+            "tcp connect",
+        ),
+    ),
+    (
+        _errno.EIO,
+        "the storage kept failing",
+        ("retries exhausted", "max retries", "slowdown", "slow down", "503 service", "status code: 503"),
+    ),
 )
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-_WORDS = {_errno.ENOSPC: "no space left on the device", _errno.EDQUOT: "no space left on the device",
-          _errno.EROFS: "the file system is read-only", _errno.EACCES: "permission denied",
-          _errno.EPERM: "permission denied", _errno.ETIMEDOUT: "the storage did not answer in time",
-          _errno.ECONNREFUSED: "the storage endpoint is unreachable"}
+_WORDS = {
+    _errno.ENOSPC: "no space left on the device",
+    _errno.EDQUOT: "no space left on the device",
+    _errno.EROFS: "the file system is read-only",
+    _errno.EACCES: "permission denied",
+    _errno.EPERM: "permission denied",
+    _errno.ETIMEDOUT: "the storage did not answer in time",
+    _errno.ECONNREFUSED: "the storage endpoint is unreachable",
+}
 # The OS error number as TensorStore (os_error_code='28'), Rust (os error 28; Os { code: 28, ...) and Python
 # ([Errno 28]) print it.
 _OS_CODE = re.compile(r"os_error_code='(\d+)'|os error (\d+)\b|os \{ code: (\d+),|\[errno (\d+)\]")
@@ -210,4 +257,4 @@ def _capture_end() -> None:
     if failed:
         data = without_panics(data.decode(errors="replace")).encode()
     while data:
-        data = data[os.write(2, data):]
+        data = data[os.write(2, data) :]

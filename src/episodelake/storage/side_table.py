@@ -49,7 +49,6 @@ class DerivedState:
         return DerivedState(max(versions) if versions else None, fields)
 
 
-
 def side_uri(loc: Location) -> str:
     return loc.child_url(*layout.derived_parts())
 

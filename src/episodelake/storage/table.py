@@ -369,8 +369,11 @@ class EpisodeTable:
                 err.add_note(f"raised by the background compaction of {loc.url} (reported as a warning then)")
                 self._compaction_error = err
                 message = str(err).splitlines()[0] if str(err) else type(err).__name__
-                warnings.warn(f"background compaction of {loc.url} failed (data unchanged): {message}", RuntimeWarning,
-                              stacklevel=1)
+                warnings.warn(
+                    f"background compaction of {loc.url} failed (data unchanged): {message}",
+                    RuntimeWarning,
+                    stacklevel=1,
+                )
         finally:
             with _COMPACTORS_LOCK:
                 _COMPACTORS.discard(threading.current_thread())
@@ -532,8 +535,9 @@ def _vacuum_once(loc: Location, parts: tuple[str, ...], retention_hours: float, 
         on_disk = _stored_files(loc, parts)
         if expired and not dry_run:
             props = CommitProperties(custom_metadata={OPERATION_KEY: "VACUUM"})
-            done = dt.vacuum(retention_hours=hours, dry_run=False, enforce_retention_duration=False,
-                             commit_properties=props)
+            done = dt.vacuum(
+                retention_hours=hours, dry_run=False, enforce_retention_duration=False, commit_properties=props
+            )
             expired |= {_name(p) for p in done}
     except CommitFailedError:
         raise

@@ -257,12 +257,17 @@ class CommitSink:
         batch = self._pending_batch()
         shown = []
         for i in range(min(len(batch), _NAMED_AT_EXIT)):
-            meta = {name: values[i].tolist() if hasattr(values[i], "tolist") else values[i]
-                    for name, (values, valid) in batch.meta.items() if valid[i]}
+            meta = {
+                name: values[i].tolist() if hasattr(values[i], "tolist") else values[i]
+                for name, (values, valid) in batch.meta.items()
+                if valid[i]
+            }
             shown.append(f"{int(batch.lengths[i])} steps {meta}")
         more = f", and {len(batch) - len(shown)} more" if len(batch) > len(shown) else ""
-        return (f"{len(batch)} finished episode(s) of writer {self.name} in {self.store.location.url} "
-                f"({'; '.join(shown)}{more})")
+        return (
+            f"{len(batch)} finished episode(s) of writer {self.name} in {self.store.location.url} "
+            f"({'; '.join(shown)}{more})"
+        )
 
     @_locked
     def discard(self) -> int:
@@ -339,8 +344,9 @@ class CommitSink:
         try:
             return self._write(batch, where)
         except Exception as exc:
-            err = storage_fault(exc, dataset=self.store.location.url, object=where[0],
-                                doing=f"committing {len(batch)} episode(s)")
+            err = storage_fault(
+                exc, dataset=self.store.location.url, object=where[0], doing=f"committing {len(batch)} episode(s)"
+            )
             if err is None:
                 raise
             raise err from exc  # the episodes stay pending: nothing of this commit is referenced
@@ -402,5 +408,7 @@ def _check_writable(store: Store) -> None:
         return
     raise StorageError(
         f"cannot write to dataset {loc.url}: {why}; open it with read_only=True to read it",
-        errno=code, dataset=loc.url, object=root,
+        errno=code,
+        dataset=loc.url,
+        object=root,
     )

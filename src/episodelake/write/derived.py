@@ -201,8 +201,9 @@ def vacuum_side(loc: Location, retention_hours: float, dry_run: bool) -> list[st
     the retention may then fail to read their values.
     """
     paths = vacuum_table_files(loc, layout.derived_parts(), retention_hours, dry_run)
-    return sorted(loc.child_url(*layout.derived_parts(), path[len(loc.child(*layout.derived_parts())) + 1 :])
-                  for path in paths)
+    return sorted(
+        loc.child_url(*layout.derived_parts(), path[len(loc.child(*layout.derived_parts())) + 1 :]) for path in paths
+    )
 
 
 def _retry(attempt: Callable[[], int], what: str, loc: Location | None = None) -> int:
