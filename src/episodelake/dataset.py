@@ -458,19 +458,42 @@ class CollectionReads:
         return episodes_to_ray(collection, where, columns, tensors, concurrency)
 
     def segments_to_ray(
-        self, window: Window | int, *, batch_size: int, seed: int, sampler: Strategy | None = None, **options: Any
+        self,
+        window: Window | int,
+        *,
+        batch_size: int,
+        seed: int,
+        sampler: Strategy | None = None,
+        shard: Shard | Sequence[int] | None = None,
+        epoch: int = 0,
+        start_batch: int = 0,
+        where: str | None = None,
+        drop_last: bool = False,
+        concurrency: int = 1,
     ) -> Any:
         """This rank's segment batches of one pass as an ordered ``ray.data.Dataset``.
 
         The same batches as :meth:`segment_stream` with the same ``window``,
         ``sampler`` (``el.Uniform(replacement=False)``, the default, or
-        ``el.Sequential()``) and ``shard``; options ``shard``, ``epoch``,
-        ``start_batch`` (resume after that many global batches), ``where``,
-        ``drop_last``, ``concurrency``: see :func:`ray_data.segments_to_ray`.
+        ``el.Sequential()``) and ``shard``; ``epoch``, ``start_batch`` (resume
+        after that many global batches), ``where``, ``drop_last``,
+        ``concurrency``: see :func:`ray_data.segments_to_ray`.
         """
         from .sampling.ray_data import segments_to_ray
 
-        return segments_to_ray(self, window, batch_size=batch_size, seed=seed, sampler=sampler, **options)
+        return segments_to_ray(
+            self,
+            window,
+            batch_size=batch_size,
+            seed=seed,
+            sampler=sampler,
+            shard=shard,
+            epoch=epoch,
+            start_batch=start_batch,
+            where=where,
+            drop_last=drop_last,
+            concurrency=concurrency,
+        )
 
 
 class DatasetView(CollectionReads):
