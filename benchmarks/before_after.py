@@ -48,9 +48,12 @@ def main() -> None:
     ap.add_argument("before")
     ap.add_argument("after")
     ap.add_argument("--rounds", type=int, default=2, help="before/after pairs")
-    ap.add_argument("command", nargs=argparse.REMAINDER, help="-- benchmarks/bench_X.py [args]")
-    args = ap.parse_args()
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    argv = sys.argv[1:]
+    split = argv.index("--") if "--" in argv else len(argv)
+    args = ap.parse_args(argv[:split])
+    command = argv[split + 1 :]
+    if not command:
+        ap.error("give the benchmark after --: -- benchmarks/bench_X.py [args]")
     with tempfile.TemporaryDirectory(prefix="episodelake-before-after-") as tmp:
         trees = {ref: worktree(ref, Path(tmp)) for ref in (args.before, args.after)}
         try:
