@@ -429,7 +429,10 @@ def test_in_a_real_browser(command, written):
         browser.get(command)
 
         def rows() -> list[int]:
-            return [int(r.get_attribute("data-episode")) for r in browser.find_elements(By.CSS_SELECTOR, "tbody tr")]
+            # read in one script: the page may replace the table between a find and a read (a stale element)
+            script = "return [...document.querySelectorAll('tbody tr')].map(r => r.dataset.episode)"
+            ids = browser.execute_script(script)
+            return [int(i) for i in ids]
 
         assert rows() == reference(episodes, ids, "pick", -1.0)
         box = browser.find_element(By.ID, "where")
@@ -467,10 +470,11 @@ def test_in_a_real_browser(command, written):
         # the scrubber moves every plot cursor and seeks every video to that frame
         scrubber = browser.find_element(By.ID, "scrubber")
         scrubber.send_keys(Keys.HOME)
-        start_x = {c.get_attribute("x1") for c in browser.find_elements(By.CSS_SELECTOR, "line.cursor")}
+        cursor_x = "return [...document.querySelectorAll('line.cursor')].map(c => c.getAttribute('x1'))"
+        start_x = set(browser.execute_script(cursor_x))
         for _ in range(5):
             scrubber.send_keys(Keys.ARROW_RIGHT)
-        cursors = {c.get_attribute("x1") for c in browser.find_elements(By.CSS_SELECTOR, "line.cursor")}
+        cursors = set(browser.execute_script(cursor_x))
         assert len(cursors) == 1 and cursors != start_x
         assert browser.find_element(By.ID, "frame-counter").text.startswith("frame 6 /")
         times = browser.execute_script("return [...document.querySelectorAll('video')].map(v => v.currentTime)")

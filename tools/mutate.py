@@ -62,6 +62,11 @@ MODULE_TESTS: dict[str, list[str]] = {
     "sampling/sumtree": ["test_priority.py", "test_properties_priority.py"],
     "sampling/stream": ["test_sampling.py", "test_properties_sampling.py"],
     "sampling/planner": ["test_sampling.py", "test_properties_sampling.py"],
+    "sampling/options": ["test_options.py", "test_bad_input.py"],
+    "sampling/prefetch": ["test_sampling.py", "test_shutdown.py"],
+    "core/lifecycle": ["test_lifecycle.py"],
+    "ops/namespaces": ["test_face.py", "test_maintenance.py"],
+    "read/collection": ["test_collection.py", "test_concat.py"],
     "read/selection": ["test_query.py", "test_properties_selection.py"],
     "read/query": [
         "test_query.py",
