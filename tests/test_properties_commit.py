@@ -28,6 +28,7 @@ import episodelake as el
 from episodelake.storage.arrays import array_parts, split_ref
 from episodelake.storage.location import resolve
 from episodelake.storage.store import Store
+from episodelake.storage.tensors import TensorArray
 
 from .latency_proxy import LatencyProxy
 from .workers.common import assert_all_match, crash_schema, episode
@@ -101,9 +102,26 @@ def write_and_check(ds: el.Dataset, checked: list[int]) -> None:
     assert sorted(checked) == list(range(5))
 
 
+class _WrittenWhenAwaited:
+    """A tensor write that happens only when its caller awaits it: a commit that skips the wait sees no rows."""
+
+    def __init__(self, write):
+        self._write, self._done = write, None
+
+    def result(self):
+        if self._done is None:
+            self._done = self._write().result()
+        return self._done
+
+
 def test_no_table_version_before_its_tensors_are_durable_local(tmp_path, monkeypatch):
     url = str(tmp_path / "ds")
     ds = el.Dataset.create(SCHEMA, url)
+    real_write = TensorArray.write
+    # local writes finish fast, so a missing wait would pass by luck: defer each write to its await instead
+    monkeypatch.setattr(
+        TensorArray, "write", lambda self, start, values: _WrittenWhenAwaited(lambda: real_write(self, start, values))
+    )
     write_and_check(ds, record_tensors_at_table_commit(monkeypatch, url, None))
 
 

@@ -65,7 +65,7 @@ MODULE_TESTS: dict[str, list[str]] = {
     "sampling/options": ["test_options.py", "test_bad_input.py"],
     "sampling/prefetch": ["test_sampling.py", "test_shutdown.py"],
     "core/lifecycle": ["test_lifecycle.py"],
-    "ops/namespaces": ["test_face.py", "test_maintenance.py"],
+    "ops/namespaces": ["test_face.py", "test_maintenance.py", "test_derived.py", "test_bad_input.py"],
     "read/collection": ["test_collection.py", "test_concat.py"],
     "read/selection": ["test_query.py", "test_properties_selection.py"],
     "read/query": [
