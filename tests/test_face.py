@@ -120,6 +120,12 @@ def test_columns_add_and_update_write_what_sql_reads(tmp_path):
     assert len(want) == 3
     with pytest.raises(el.ArgumentError, match="not derived columns"):
         ds.columns.update({"reward": [0.0] * 4})
+    commits = len(DeltaTable(os.path.join(ds.location.url, "episodes")).history())
+    with pytest.raises(el.ArgumentError, match="episode_ids repeat"):
+        ds.columns.update({"score": [1.0, 2.0]}, [ids[0], ids[0]])
+    assert ds.columns.update({"score": []}, where="n > 99") == ds.version == before + 3  # no episode: no commit
+    assert len(DeltaTable(os.path.join(ds.location.url, "episodes")).history()) == commits
+    assert ds.sql("SELECT score FROM episodes WHERE n = 0").fetchnumpy()["score"].tolist() == [0.5]
 
 
 def test_delete_all_removes_every_episode_in_one_commit(tmp_path):
