@@ -110,7 +110,7 @@ def test_columns_add_and_update_write_what_sql_reads(tmp_path):
     before = ds.version
     assert ds.columns.add(el.FieldSpec("score", (), "float32", role="meta")) == before + 1
     ids = [int(i) for i in ds.episode_ids]
-    assert ds.columns.update({"score": [0.5, 1.5]}, ids[:2]) == before + 2
+    assert ds.columns.update({"score": [0.5, 1.5]}, (i for i in ids[:2])) == before + 2  # any iterable of ids
     assert ds.columns.update({"score": [7.0]}, where="n = $n", params={"n": 3}) == before + 3
     want = {int(ds.episode(id=i).meta["n"]): v for i, v in zip(ids[:2], [0.5, 1.5], strict=True)} | {3: 7.0}
     got = ds.sql("SELECT n, score FROM episodes ORDER BY n").fetchnumpy()
