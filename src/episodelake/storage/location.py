@@ -33,6 +33,7 @@ import pyarrow.fs as pafs
 
 from ..core import lifecycle
 from ..core.errors import ArgumentError, LocationError
+from ..core.mappings import from_mapping
 from . import layout
 from .diskcache import CacheConfig
 from .engine import http_stall_timeout
@@ -98,10 +99,7 @@ class StorageTimeouts:
         if isinstance(value, cls):
             return value
         if isinstance(value, dict):
-            unknown = sorted(set(value) - set(cls.__dataclass_fields__))
-            if unknown:
-                raise ArgumentError(f"unknown timeouts option(s) {unknown}; known: {list(cls.__dataclass_fields__)}")
-            return cls(**value)
+            return from_mapping(cls, value, "timeouts")
         raise ArgumentError(f"timeouts must be a StorageTimeouts or a dict of its fields, got {value!r}")
 
     def transfer_deadline(self, nbytes: int) -> float:

@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..core.errors import ArgumentError
+from ..core.mappings import from_mapping
 from .table import MIN_RETENTION_HOURS, EpisodeTable
 
 ORDER_COLUMNS = ["created_at", "episode_id", "length"]
@@ -82,10 +83,7 @@ class Capacity:
         if isinstance(value, int) and not isinstance(value, bool):
             return cls(steps=value)
         if isinstance(value, Mapping):
-            unknown = sorted(set(value) - set(cls.__dataclass_fields__))
-            if unknown:
-                raise ArgumentError(f"capacity: unknown key(s) {unknown}; known: {list(cls.__dataclass_fields__)}")
-            return cls(**value)
+            return from_mapping(cls, value, "capacity")
         raise ArgumentError(f"capacity must be an int (steps), a dict or el.Capacity, got {type(value).__name__}")
 
     @classmethod
