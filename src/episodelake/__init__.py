@@ -24,6 +24,7 @@ from .core.errors import (
     StreamStoppedError,
     ValidationError,
 )
+from .core.quality import Check
 from .core.schema import DatasetSchema, FieldSpec, infer_schema, schema_from_gym_spaces
 from .core.segments import RoleView, Segment
 from .core.transforms import FrameTransform
@@ -44,6 +45,7 @@ __all__ = [
     "ArgumentError",
     "Batch",
     "Capacity",
+    "Check",
     "CommitConflictError",
     "CorruptionError",
     "Dataset",

@@ -198,6 +198,7 @@ class Snapshot:
         self.loc = store.location
         self.derived = DerivedState.of(store.table.dt)  # derived columns as of this version (derived.py)
         self.schema = store.schema.with_derived(self.derived.fields)
+        self.checks = store.checks()  # the quality checks as of this version (core.quality)
         self.version = store.version
         self._dataset = store.table.dataset()
         self._context: ts.Context | None = store.context

@@ -39,6 +39,7 @@ from ..core.errors import (
     ReadOnlyError,
     SchemaError,
 )
+from ..core.quality import Check, stored_checks
 from ..core.schema import DatasetSchema, FieldSpec
 from . import layout
 from .diskcache import CacheConfig
@@ -249,6 +250,10 @@ class Store:
         """Move to the latest committed version (nothing at a pinned past version)."""
         if not self.pinned:
             self.table.refresh()
+
+    def checks(self) -> tuple[Check, ...]:
+        """The quality checks recorded in the table version this store is on (:meth:`refresh` first for the latest)."""
+        return stored_checks(self.table.dt.metadata().configuration)
 
     def writer_names(self) -> set[str]:
         """Writers (8 hex digits) that have episodes in the pinned version."""
