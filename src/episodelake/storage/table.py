@@ -197,7 +197,10 @@ class EpisodeTable:
         return self._commit(attempt, token=token)
 
     def commit(
-        self, plan: Callable[[], tuple[pa.Table, Sequence[int]]], landed: Callable[[int], None] | None = None
+        self,
+        plan: Callable[[], tuple[pa.Table, Sequence[int]]],
+        landed: Callable[[int], None] | None = None,
+        operation: str | None = None,
     ) -> int:
         """One commit that adds rows and removes episodes by id, as ``plan()`` says at the latest version.
 
@@ -206,7 +209,8 @@ class EpisodeTable:
         Rows of a removed episode stay in the files of older versions (time
         travel) until :meth:`vacuum`. ``landed`` is told the latest version
         right after the commit (before any compaction). Returns the new version.
-        History names it ``APPEND``, ``EVICT`` (adds and removes) or ``DELETE`` (only removes).
+        History names it ``operation`` when given (edits: ``TRIM``, ``SPLIT``, ``SET META``), else
+        ``APPEND``, ``EVICT`` (adds and removes) or ``DELETE`` (only removes).
         """
         token: list[str | None] = [None]
 
@@ -221,7 +225,8 @@ class EpisodeTable:
             # replaceWhere: files holding a matching row are rewritten without it, in the same
             # commit that adds ``rows``. deltalake requires the added rows to match the predicate.
             ids = ", ".join(str(int(i)) for i in [*remove, *rows["episode_id"].to_pylist()])
-            props = _props("EVICT" if len(rows) else "DELETE", token[0], len(rows), len(remove))
+            name = operation or ("EVICT" if len(rows) else "DELETE")
+            props = _props(name, token[0], len(rows), len(remove))
             predicate = f"episode_id IN ({ids})"
             write_deltalake(self.dt, rows, mode="overwrite", predicate=predicate, commit_properties=props)
 
@@ -686,7 +691,8 @@ def named_commit(entry: dict[str, Any]) -> dict[str, Any]:
     """A history entry with ``operation`` naming what episodelake did, Delta's name kept as ``delta_operation``.
 
     Names: ``CREATE``, ``APPEND``, ``EVICT`` (episodes added, the oldest
-    removed to fit the capacity), ``DELETE``, ``CLEAR``, ``COMPACT``,
+    removed to fit the capacity), ``DELETE``, ``CLEAR``, ``TRIM``, ``SPLIT``,
+    ``SET META`` (edits: the edited episodes' rows replaced), ``COMPACT``,
     ``VACUUM START``/``VACUUM END``, ``ADD COLUMN`` and ``UPDATE`` (derived
     columns). ``episodes_added``/``episodes_removed`` count the episodes
     (None where the commit does not record them: commits of episodelake
