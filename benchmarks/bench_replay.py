@@ -5,10 +5,17 @@ buffer (capacity 100k steps, FIFO eviction on; episodes of 100 steps;
 observation float32[8], action float32[2], reward float32) while sampling
 256 transitions every 4 steps:
 
-* episodelake: an ``EpisodeWriter`` of a capacity dataset (committing every
-  64 episodes, each commit evicting the oldest) and a learner stream
-  ``segment_stream(1, batch_size=256, follow=True)`` on a
-  second ``Dataset`` object of the same path (it takes in each commit);
+* episodelake, one ``Dataset``: the form users write first,
+  ``ds = el.Dataset.create(schema, capacity=100_000)`` (in memory), its
+  ``new_episode``/``add_step`` per step and
+  ``ds.segment_stream(el.Window(1), batch_size=256, follow=True)`` on the
+  same object, default options (read-your-writes: each sample first commits
+  the episodes finished since, each commit evicting the oldest);
+* episodelake, two handles: an ``EpisodeWriter`` of a capacity dataset on
+  disk (committing every 64 episodes, each commit evicting the oldest) and a
+  learner stream ``segment_stream(el.Window(1), batch_size=256, follow=True,
+  prefetch=0)`` on a second ``Dataset`` object of the same path (it takes in
+  each commit);
 * cpprb ``ReplayBuffer`` (in memory, a 100k ring): ``add`` per step,
   ``sample(256)`` every 4 steps;
 * memmap-replay-buffer ``circular=True`` (its default msync per step), its
@@ -41,7 +48,7 @@ Rounds alternate between the systems (one process, so background load hits
 all alike); each prints its median rate over the rounds and the ratio to
 cpprb. ``torch.set_num_threads(1)``.
 
-Run: ``.venv/bin/python benchmarks/bench_replay.py [--quick] [--rounds R] [--dir DIR] [--parts 1,2,3]``.
+Run: ``.venv/bin/python benchmarks/bench_replay.py [--quick] [--rounds R] [--dir DIR] [--parts 1,2,3] [--single-steps N]``.
 """
 
 from __future__ import annotations
@@ -57,6 +64,7 @@ from pathlib import Path
 import numpy as np
 
 import episodelake as el
+from episodelake.sampling.stream import SegmentStream
 
 B = 256
 ALPHA, BETA = 0.6, 0.4
@@ -211,16 +219,17 @@ EP_T = 100  # steps per episode in the online loop
 SAMPLE_EVERY = 4
 
 
-def online_lake(root: Path, steps: int, obs: np.ndarray, act: np.ndarray) -> float:
-    path = str(root / "online")
-    ds = el.Dataset.create(SCHEMA, path, capacity=CAPACITY)
-    ds.append_episodes(  # prefill: the buffer is full from the first step on
+def prefill(ds: el.Dataset) -> None:
+    """Fill ``ds`` to its capacity with one bulk import, so the loop evicts from its first commit on."""
+    ds.append_episodes(
         {"observations": e["obs"][: EP_T + 1], "actions": e["act"][:EP_T], "rewards": e["rew"][:EP_T]}
         for e in (episode(i) for i in range(CAPACITY // EP_T))
     )
     ds.flush()
-    learner = el.Dataset.open(path)
-    stream = learner.segment_stream(1, batch_size=B, seed=0, follow=True, prefetch=0)
+
+
+def store_and_sample(ds: el.Dataset, stream: SegmentStream, steps: int, obs: np.ndarray, act: np.ndarray) -> float:
+    """Steps per second of the loop: one ``add_step`` per step, ``stream.sample()`` every 4 steps."""
     stream.sample()
     t0 = time.perf_counter()
     w = ds.new_episode(obs[0])
@@ -231,7 +240,29 @@ def online_lake(root: Path, steps: int, obs: np.ndarray, act: np.ndarray) -> flo
             w = ds.new_episode(obs[t + 1])
         if t % SAMPLE_EVERY == 0:
             stream.sample()
-    rate = steps / (time.perf_counter() - t0)
+    return steps / (time.perf_counter() - t0)
+
+
+def online_single(steps: int, obs: np.ndarray, act: np.ndarray) -> float:
+    """The single-process form: one in-memory ``Dataset`` writes and samples, default stream options."""
+    ds = el.Dataset.create(SCHEMA, capacity=CAPACITY)
+    prefill(ds)
+    stream = ds.segment_stream(el.Window(1), batch_size=B, seed=0, follow=True)
+    rate = store_and_sample(ds, stream, steps, obs, act)
+    assert ds.num_steps <= CAPACITY, "the buffer holds more than its capacity"
+    stream.close()
+    ds.close()
+    return rate
+
+
+def online_lake(root: Path, steps: int, obs: np.ndarray, act: np.ndarray) -> float:
+    """The two-handle form: the writer's ``Dataset`` on disk, the learner's stream on a second handle."""
+    path = str(root / "online")
+    ds = el.Dataset.create(SCHEMA, path, capacity=CAPACITY)
+    prefill(ds)
+    learner = el.Dataset.open(path)
+    stream = learner.segment_stream(el.Window(1), batch_size=B, seed=0, follow=True, prefetch=0)
+    rate = store_and_sample(ds, stream, steps, obs, act)
     assert len(learner) * EP_T <= CAPACITY, "the learner saw more than the capacity"
     ds.close()
     return rate
@@ -297,13 +328,14 @@ def online_memmap(root: Path, steps: int, obs: np.ndarray, act: np.ndarray) -> f
     return steps / (time.perf_counter() - t0)
 
 
-def online(root: Path, steps: int, memmap_steps: int) -> None:
+def online(root: Path, steps: int, single_steps: int, memmap_steps: int) -> None:
     print(f"== part 1: online loop, capacity {CAPACITY:,} steps (full), sample({B}) every {SAMPLE_EVERY} steps")
     rng = np.random.default_rng(7)
     obs = rng.standard_normal((steps + 1, 8), dtype=np.float32)
     act = rng.standard_normal((steps, 2), dtype=np.float32)
     rates = {"cpprb ReplayBuffer (in memory)": online_cpprb(steps, obs, act)}
-    rates["episodelake (capacity, eviction, follow=True stream)"] = online_lake(root, steps, obs, act)
+    rates["episodelake one Dataset (in memory, follow=True)"] = online_single(single_steps, obs, act)
+    rates["episodelake two handles (on disk, follow=True)"] = online_lake(root, steps, obs, act)
     try:
         rates["memmap-replay-buffer circular=True"] = online_memmap(root, memmap_steps, obs, act)
     except Exception as exc:  # a peer that fails is reported, not fatal
@@ -370,13 +402,14 @@ def main() -> None:
     ap.add_argument("--dir", default=None, help="where to write the dataset (default: a temporary directory)")
     ap.add_argument("--parts", default="1,2,3", help="which parts to run, comma-separated")
     ap.add_argument("--online-steps", type=int, default=20_000, help="part 1: steps per system")
+    ap.add_argument("--single-steps", type=int, default=5_000, help="part 1: steps for the one-Dataset form")
     ap.add_argument("--memmap-steps", type=int, default=1_000, help="part 1: steps for memmap-replay-buffer")
     args = ap.parse_args()
     parts = {int(p) for p in args.parts.split(",")}
     root = Path(tempfile.mkdtemp(prefix="bench_replay_", dir=args.dir))
     try:
         if 1 in parts:
-            online(root, args.online_steps, args.memmap_steps)
+            online(root, args.online_steps, args.single_steps, args.memmap_steps)
         if 2 in parts:
             prioritized(root, 100 if args.quick else 1000, args.rounds, args.iters)
         if 3 in parts:
