@@ -43,6 +43,8 @@ from .write.writer import EpisodeWriter, VectorEpisodeWriter
 if TYPE_CHECKING:
     from numpy.typing import ArrayLike
 
+    from .core.quality import Check
+    from .ops.namespaces import Quality
     from .read.changes import Changes
     from .read.query import SQLResult
     from .sampling.batch import Transitions
@@ -567,6 +569,13 @@ class Dataset(CollectionReads):
         """Derived columns: ``columns.add(*specs)``, ``columns.update(values, ...)`` (see :class:`Columns`)."""
         return Columns(self, self._store)
 
+    @cached_property
+    def quality(self) -> Quality:
+        """Quality checks and audits: ``quality.add(*checks)``, ``drop``, ``list``, ``check`` (see :class:`Quality`)."""
+        from .ops.namespaces import Quality
+
+        return Quality(self, self._store)
+
     @property
     def _origin(self) -> Dataset:
         return self
@@ -587,6 +596,7 @@ class Dataset(CollectionReads):
         commit_bytes: int = 256 << 20,
         commit_seconds: float = 30.0,
         capacity: Capacity | int | Mapping[str, Any] | None = None,
+        checks: Iterable[Check] = (),
     ) -> Dataset:
         """Create an empty dataset at ``path`` (None: in memory).
 
@@ -598,7 +608,13 @@ class Dataset(CollectionReads):
         replay buffer: each commit evicts the oldest episodes beyond it in the
         same atomic commit (see docs/replay.md); stored with the dataset.
         Fields declared ``derived=True`` become derived columns (``columns.update``).
+        ``checks`` (``el.Check``) are stored with the dataset (``quality``), each
+        bound over the schema's views before anything is created.
         """
+        if checks:
+            from .ops.namespaces import bound_checks
+
+            checks = bound_checks(cls.create(schema), checks)  # an empty in-memory twin has the same views
         location = resolve(path, dict(storage_options or {}))
         try:
             store = Store.create(
@@ -619,6 +635,11 @@ class Dataset(CollectionReads):
             from .write.derived import declare
 
             declare(store, store.schema, schema.derived_fields)
+        if checks:
+            from .core.quality import with_added
+            from .write.quality import record_checks
+
+            record_checks(store, lambda current: with_added(current, checks), "ADD CHECK")
         return cls(
             store,
             writer_options={

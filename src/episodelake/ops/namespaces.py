@@ -14,8 +14,11 @@ from typing import Any
 import numpy as np
 
 from ..core.errors import ArgumentError
+from ..core.quality import Check, check_list, with_added
 from ..core.schema import FieldSpec
+from ..read.audit import CheckReport, audit, bind
 from ..read.collection import EpisodeCollection
+from ..read.query import SnapshotViews
 from ..read.query import where as matching
 from ..storage.retention import check_ids
 from ..storage.store import Store
@@ -145,3 +148,69 @@ class Columns:
         lengths = snap.lengths[positions]
         columns = {key: encode(derived[key], value, lengths, ids) for key, value in values.items()}
         return write(self._store, ids, columns)
+
+
+def bound_checks(collection: EpisodeCollection, checks: Iterable[Check]) -> tuple[Check, ...]:
+    """``checks`` as a tuple once each binds over ``collection``'s views (else :class:`QueryError` naming it)."""
+    chosen = check_list(checks)
+    bind(SnapshotViews(collection, collection.snapshot()), chosen)
+    return chosen
+
+
+class Quality:
+    """``ds.quality``: the quality checks stored with the dataset (versioned) and audits against them.
+
+    Checks live in the episode table's properties, so every version carries
+    its own: ``Dataset.open(path, version=v).quality.list()`` is the checks of
+    ``v``. Each :meth:`add`/:meth:`drop` is one commit (``ADD CHECK``/``DROP
+    CHECK`` in ``history()``); a refused call commits nothing.
+    """
+
+    def __init__(self, dataset: EpisodeCollection, store: Store) -> None:
+        self._dataset, self._store = dataset, store
+
+    def list(self) -> tuple[Check, ...]:
+        """The checks stored with this version, in the order they were added."""
+        return self._dataset.snapshot().checks
+
+    def add(self, *checks: Check) -> int:
+        """Store ``checks`` with the dataset in one commit; return the new table version.
+
+        Each predicate must bind over the current ``episodes``/``steps`` views
+        (:class:`QueryError` naming the check otherwise); a name already taken
+        by a different check is an :class:`ArgumentError` (drop it first);
+        adding a check equal to a stored one changes nothing. Episodes already
+        stored are not re-checked: :meth:`check` audits them.
+        """
+        from ..write.quality import record_checks
+
+        self._store.check_writable()
+        if not checks:
+            raise ArgumentError("quality.add needs at least one Check")
+        given = bound_checks(self._dataset, checks)
+        with_added(self.list(), given)  # a clash with a stored check is refused before anything is written
+        return record_checks(self._store, lambda current: with_added(current, given), "ADD CHECK")
+
+    def drop(self, name: str) -> int:
+        """Remove the stored check ``name`` in one commit; return the new version (:class:`ArgumentError`: none)."""
+        from ..write.quality import record_checks
+
+        self._store.check_writable()
+        stored = [c.name for c in self.list()]
+        if name not in stored:
+            raise ArgumentError(f"quality.drop: no check named {name!r} (stored: {stored})")
+        return record_checks(self._store, lambda current: tuple(c for c in current if c.name != name), "DROP CHECK")
+
+    def check(self, checks: Iterable[Check] | None = None, where: str | None = None, params: Any = None) -> CheckReport:
+        """Audit this version's episodes against ``checks`` (None: the stored ones); a :class:`CheckReport`.
+
+        ``where`` (SQL over ``episodes``, ``params`` bind its placeholders)
+        audits only the episodes it matches. Every episode of the version is
+        audited, whatever ``on_fail`` says and however it was committed.
+        Writes nothing; a predicate that does not bind is a
+        :class:`QueryError` naming its check.
+        """
+        if where is None and params is not None:
+            raise ArgumentError("quality.check: params= fills placeholders of where=; give where= too")
+        collection = self._dataset if where is None else self._dataset.where(where, params)
+        return audit(collection, checks)
