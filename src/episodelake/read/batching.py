@@ -11,7 +11,9 @@ row number falls outside the episode (padding).
   Local arrays with the raw ``bytes`` codec (no compression, no sharding) are
   read zero-copy from memory-mapped chunk files, one ``memcpy`` per run: no
   per-read TensorStore overhead, and the kernel page cache is the chunk
-  cache. Everything else (compressed chunks, object stores) goes through
+  cache. A warm batch makes no system call (rows are announced to the kernel
+  once per process), and large batches are copied by several threads.
+  Everything else (compressed chunks, object stores) goes through
   TensorStore, every run of the batch issued at once in one ``ts.Batch`` so
   reads of the same chunk or shard are coalesced.
 * Output buffers come from a :class:`BufferPool` and are reused once nothing
@@ -39,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from ..core import lifecycle
+from ..core.codecs import codec_pool
 from ..core.episode import extra_rows, rows_for
 from ..core.errors import CorruptionError
 from ..core.schema import FieldSpec
@@ -117,6 +120,7 @@ class ChunkFiles:
         self.row_shape = field.shape
         self.dataset = ""  # named by storage faults
         self._maps: dict[int, tuple[mmap.mmap, np.ndarray]] = {}
+        self._seen: np.ndarray | None = None  # rows this process read (pages announced to the kernel already)
 
     @classmethod
     def probe(cls, loc: Location, writer: str, field: FieldSpec) -> ChunkFiles | None:
@@ -165,20 +169,50 @@ class ChunkFiles:
     def copy_runs(self, out: np.ndarray, runs: list[tuple[int, int, int, int]]) -> None:
         """Copy runs ``(dst row, src row, count, episode id)`` (each inside one chunk) into ``out``.
 
-        All runs' byte ranges are announced with ``MADV_WILLNEED`` before the
-        first copy, so rows not in the page cache are read concurrently (and
-        only those bytes) instead of one page fault at a time.
+        The byte ranges of runs this process has not read before are announced
+        with ``MADV_WILLNEED`` before the first copy, so rows not in the page
+        cache are read concurrently (and only those bytes) instead of one page
+        fault at a time; rows read once are not announced again (warm batches
+        make no system call). Batches of at least :data:`PARALLEL_BYTES` are
+        copied by several threads (NumPy releases the GIL while copying).
         """
         R, row = self.chunk_rows, self.field.step_bytes
+        if self._seen is None:
+            self._seen = np.zeros(self.rows, dtype=bool)
+        seen = self._seen
         todo = []
         for dst, src, n, eid in runs:
             c, r = divmod(src, R)
             entry = self.chunk(c, eid)
-            lo = r * row - r * row % PAGE
-            entry[0].madvise(mmap.MADV_WILLNEED, lo, (r + n) * row - lo)
+            if not (seen[src] and seen[src + n - 1]):
+                lo = r * row - r * row % PAGE
+                entry[0].madvise(mmap.MADV_WILLNEED, lo, (r + n) * row - lo)
+                seen[src : src + n] = True
             todo.append((dst, entry[1], r, n))
-        for dst, block, r, n in todo:
-            out[dst : dst + n] = block[r : r + n]
+        parallel_copy(out, todo, sum(n for *_, n in todo) * row)
+
+
+def _copy_blocks(out: np.ndarray, todo: list[tuple[int, np.ndarray, int, int]]) -> None:
+    for dst, block, r, n in todo:
+        out[dst : dst + n] = block[r : r + n]
+
+
+PARALLEL_BYTES = 4 << 20  # below this, handing copies to threads costs more than it saves
+COPY_THREADS = max(1, min(4, os.cpu_count() or 1))  # memory bandwidth saturates at a few cores
+
+
+def parallel_copy(out: np.ndarray, todo: list[tuple[int, np.ndarray, int, int]], nbytes: int) -> None:
+    """``out[dst : dst + n] = block[r : r + n]`` for each ``(dst, block, r, n)``, split over threads if large."""
+    workers = min(len(todo), COPY_THREADS, nbytes // (PARALLEL_BYTES // 2))
+    if workers < 2:
+        _copy_blocks(out, todo)
+        return
+    parts = [todo[i::workers] for i in range(workers)]
+    pool = codec_pool()
+    futures = [pool.submit(_copy_blocks, out, part) for part in parts[1:]]
+    _copy_blocks(out, parts[0])
+    for fut in futures:
+        fut.result()
 
 
 Source = ChunkFiles | TensorArray | PlainArray
@@ -360,10 +394,11 @@ class WindowReader:
         src = (tf.rows[pos][:, None] + rows).ravel()[dst]
         item = dst // W
         array = tf.array_of[pos][item]
-        sources = tf.sources(array, self.nrows(tf.field))
+        used, which = np.unique(array, return_inverse=True)
+        sources = tf.sources(used, self.nrows(tf.field))
         # runs must stay inside one chunk for readers that copy chunk by chunk; TensorStore splits runs itself
-        split = {a: 0 if isinstance(r, TensorArray) else r.chunk_rows for a, r in sources.items()}
-        chunk_rows = np.array([split[a] for a in array.tolist()], dtype=np.int64)
+        split = [0 if isinstance(r, TensorArray) else r.chunk_rows for r in map(sources.__getitem__, used.tolist())]
+        chunk_rows = np.array(split, dtype=np.int64)[which]
         chunk = np.where(chunk_rows > 0, src // np.maximum(chunk_rows, 1), 0)
         brk = (np.diff(dst) != 1) | (np.diff(src) != 1) | (np.diff(array) != 0) | (np.diff(chunk) != 0)
         starts = np.concatenate([[0], np.flatnonzero(brk) + 1])
