@@ -32,7 +32,7 @@ from .dataset import Dataset, DatasetView, EpisodeRef
 from .exporters.rrd import to_rerun
 from .lineage import load_state, save_state, stream_from_state
 from .sampling.batch import SegmentBatch as Batch
-from .sampling.options import Prioritized, Sequential, Shard, Uniform, Weighted, Window
+from .sampling.options import Anchors, Prioritized, Sequential, Shard, Uniform, Weighted, Window
 from .sampling.samplers import PrioritizedSampler
 from .storage.location import StorageTimeouts
 from .storage.retention import Capacity
@@ -42,6 +42,7 @@ from .write.writer import EpisodeWriter, VectorEpisodeWriter
 __version__ = "0.4.0"
 
 __all__ = [
+    "Anchors",
     "ArgumentError",
     "Batch",
     "Capacity",

@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from .read.changes import Changes
     from .read.query import SQLResult
     from .sampling.batch import Transitions
-    from .sampling.options import Shard, Strategy, Window
+    from .sampling.options import Anchors, Shard, Strategy, Window
     from .sampling.samplers import Sampler
     from .sampling.segment_dataset import SegmentDataset
     from .sampling.stream import SegmentStream
@@ -277,6 +277,7 @@ class CollectionReads:
         drop_last: bool = False,
         follow: bool = False,
         transform: Mapping[str, Any] | None = None,
+        anchors: Anchors | None = None,
     ) -> SegmentStream:
         """The training stream of segment batches (``el.Batch``); every argument: :class:`stream.SegmentStream`.
 
@@ -288,7 +289,9 @@ class CollectionReads:
         ``stream.update_priorities``) or a Sampler object; ``shard``:
         ``(rank, world)`` or ``el.Shard(rank, world, policy)``;
         ``follow=True`` takes in newly committed episodes before each batch
-        (``stream.refresh()``); ``transform=`` per field: see :meth:`segments`.
+        (``stream.refresh()``); ``transform=`` per field: see :meth:`segments`;
+        ``anchors=el.Anchors(predicate, offset)``: the segments positioned on
+        the steps a SQL predicate over ``steps`` picks, one per anchor.
         """
         from .sampling.stream import SegmentStream
 
@@ -305,6 +308,7 @@ class CollectionReads:
             drop_last=drop_last,
             follow=follow,
             transform=transform,
+            anchors=anchors,
         )
 
     def sample_transitions(
@@ -321,6 +325,7 @@ class CollectionReads:
         where: str | None = None,
         filter: Callable[[EpisodeRef], bool] | None = None,
         transform: Mapping[str, Any] | None = None,
+        anchors: Anchors | None = None,
     ) -> Transitions:
         """``batch_size`` single transitions (time axis removed), uniform with replacement by default.
 
@@ -330,7 +335,9 @@ class CollectionReads:
         ``sampler``: ``el.Uniform()`` (default), ``el.Weighted(weights)``,
         ``el.Prioritized(priority, alpha, beta)`` or a Sampler object; keep
         an ``el.PrioritizedSampler`` as ``sampler=`` to update priorities
-        across calls; ``transform=`` per field: see :meth:`segments`. See
+        across calls; ``transform=`` per field: see :meth:`segments`;
+        ``anchors=el.Anchors(predicate, offset)``: only the transitions
+        ``offset`` steps from the steps the predicate picks. See
         :func:`transitions.sample_transitions`.
         """
         from .sampling.transitions import sample_transitions
@@ -348,6 +355,7 @@ class CollectionReads:
             where=where,
             filter=filter,
             transform=transform,
+            anchors=anchors,
         )
 
     # ---- whole episodes (trajectories.py)

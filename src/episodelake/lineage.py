@@ -27,7 +27,7 @@ import numpy as np
 from .core.errors import ArgumentError
 from .core.transforms import FrameTransform
 from .dataset import Dataset, DatasetView
-from .sampling.options import Prioritized, Sequential, Shard, Strategy, Uniform, Weighted, Window
+from .sampling.options import Anchors, Prioritized, Sequential, Shard, Strategy, Uniform, Weighted, Window
 from .sampling.stream import SegmentStream
 
 ARRAY_TAG = "__ndarray__"
@@ -189,6 +189,8 @@ def _call(arguments: Mapping[str, Any], sampler: Any) -> tuple[Window, dict[str,
     rank, world = arguments.get("shard") or (0, 1)
     options = {key: arguments[key] for key in PASSED if key in arguments}
     options.update(sampler=sampler, shard=Shard(rank, world, arguments.get("shard_policy", "wrap")))
+    if arguments.get("anchors") is not None:  # recorded by Anchors.record()
+        options["anchors"] = Anchors(**arguments["anchors"])
     return window, options
 
 

@@ -389,11 +389,14 @@ class Views(Protocol):
 
 
 class SnapshotViews:
-    """The views of ``collection``'s episodes in ``snap`` (only theirs when it is a subset)."""
+    """The views of ``collection``'s episodes in ``snap`` (only theirs when it is a subset, or only ``positions``')."""
 
-    def __init__(self, collection: EpisodeCollection, snap: Snapshot) -> None:
+    def __init__(self, collection: EpisodeCollection, snap: Snapshot, positions: np.ndarray | None = None) -> None:
         self.collection, self.snap = collection, snap
-        self.ids = _view_ids(collection, snap)
+        if positions is not None and len(positions) < snap.num_episodes:
+            self.ids: np.ndarray | None = snap.index["episode_id"][positions]
+        else:
+            self.ids = _view_ids(collection, snap) if positions is None else None
 
     def cursor(self, sandbox: bool) -> duckdb.DuckDBPyConnection:
         return _cursor(self.snap, self.ids, sandbox)
@@ -649,15 +652,16 @@ def _predicate(predicate: Any, what: str) -> str:
     return predicate
 
 
-def where_condition(predicate: Any, params: Any) -> tuple[str, str]:
+def where_condition(predicate: Any, params: Any, caller: str = "where()") -> tuple[str, str]:
     """The error prefix and the `` WHERE (...)`` clause of a where() ``predicate`` and its ``params``, checked.
 
     ``predicate`` must parse as one SQL expression and ``params`` fill its
-    placeholders (:class:`QueryError`/:class:`ArgumentError` otherwise).
+    placeholders (:class:`QueryError`/:class:`ArgumentError` otherwise);
+    ``caller`` names who took the predicate in those errors.
     """
-    _predicate(predicate, "where()")
-    check_params(params, "where()")
-    what = f"invalid where() predicate {predicate!r}"
+    _predicate(predicate, caller)
+    check_params(params, caller)
+    what = f"invalid {caller} predicate {predicate!r}"
     _bound(f"SELECT 1 WHERE ({predicate}\n)", params, what)
     # the predicate on lines of its own: a trailing -- comment cannot reach the closing parenthesis
     return what, " WHERE (\n" + predicate + "\n)"

@@ -10,7 +10,9 @@ Every sampling method takes the same objects:
   ``sample(index, batch_size)`` (the :class:`~episodelake.samplers.Sampler`
   protocol, e.g. a :class:`~episodelake.samplers.PrioritizedSampler` kept
   across calls);
-* ``shard=``: None, ``(rank, world)`` or a :class:`Shard`.
+* ``shard=``: None, ``(rank, world)`` or a :class:`Shard`;
+* ``anchors=``: None, or :class:`Anchors` (segments positioned on the steps a
+  SQL predicate picks).
 
 The objects check their own fields when made; :func:`window_of`,
 :func:`sampler_of` and :func:`shard_of` turn what a method was given into
@@ -21,13 +23,14 @@ what it takes. Every message names the parameter and the bad value
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..core.errors import ArgumentError
+from ..read.query import where_condition
 from .samplers import Sampler, check_exponent
 from .segment_index import check_pad, check_positive, check_shard
 
@@ -148,6 +151,53 @@ class Shard:
         check_shard(self.rank, self.world)
         if self.policy not in SHARD_POLICIES:
             raise ArgumentError(f"shard policy must be 'wrap' or 'drop', got {self.policy!r}")
+
+
+@dataclass(frozen=True)
+class Anchors:
+    """Segments positioned on steps: one per row of ``steps`` where ``predicate`` is true (its anchor).
+
+    ``predicate``: one SQL expression over the ``steps`` view (``episode_id``,
+    ``t``, ``terminated``, ``truncated`` and every small per-step field; see
+    docs/query.md), run sandboxed like ``where()``. A segment starts
+    ``offset`` transitions from its anchor's step ``t``: it holds transitions
+    ``t + offset .. t + offset + L - 1`` (``offset=-15`` with ``L = 16``: the 16
+    ending at the anchor). ``params`` binds the placeholders of ``predicate``
+    and ``weights`` (positional ``?``: the predicate's first). ``weights``:
+    None (anchors drawn uniformly) or one SQL expression over ``steps``, each
+    anchor's draw weight (finite, ``>= 0``) when drawing with replacement.
+    """
+
+    predicate: str
+    offset: int = 0
+    params: Any = None
+    weights: str | None = None
+
+    def __post_init__(self) -> None:
+        where_condition(self.predicate, self.params, "Anchors")
+        if isinstance(self.offset, bool) or not isinstance(self.offset, int | np.integer):
+            raise ArgumentError(f"Anchors offset must be an int, got {self.offset!r}")
+        object.__setattr__(self, "offset", int(self.offset))
+        if self.weights is not None:
+            if not isinstance(self.weights, str):
+                raise ArgumentError(f"Anchors weights must be None or a SQL expression, got {self.weights!r}")
+            where_condition(self.weights, self.params, "Anchors weights")
+
+    def record(self) -> dict[str, Any]:
+        """The anchors as plain JSON values (stream state and lineage); ``Anchors(**record)`` rebuilds them."""
+        params = self.params
+        if isinstance(params, Mapping):
+            params = {str(k): v for k, v in params.items()}
+        elif params is not None:
+            params = list(params)
+        return {"predicate": self.predicate, "offset": self.offset, "params": params, "weights": self.weights}
+
+
+def anchors_of(anchors: Any) -> Anchors | None:
+    """``anchors`` as given: None or an :class:`Anchors`; anything else is an ArgumentError."""
+    if anchors is not None and not isinstance(anchors, Anchors):
+        raise ArgumentError(f"anchors must be None or el.Anchors(predicate, offset, params, weights), got {anchors!r}")
+    return anchors
 
 
 Strategy = Uniform | Sequential | Weighted | Prioritized

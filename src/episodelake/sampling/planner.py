@@ -169,6 +169,7 @@ class _Planner:
             "segments",
             "episodes",
             "weights",
+            "anchors",
             "drop_last",
             "alpha",
             "beta",

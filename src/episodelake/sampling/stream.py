@@ -32,8 +32,22 @@ from ..read.batching import WindowReader, reader_for
 from ..read.collection import EpisodeCollection, selection
 from ..read.selection import episode_weights, select
 from ..storage.location import public_url
+from .anchors import AnchorIndex, anchor_index
 from .batch import SegmentBatch
-from .options import KINDS, Prioritized, Shard, Strategy, Weighted, Window, kind_of, sampler_of, shard_of, window_of
+from .options import (
+    KINDS,
+    Anchors,
+    Prioritized,
+    Shard,
+    Strategy,
+    Weighted,
+    Window,
+    anchors_of,
+    kind_of,
+    sampler_of,
+    shard_of,
+    window_of,
+)
 from .planner import _Planner
 from .prefetch import _END, _Prefetcher
 from .priority import bind, prioritized_sampler
@@ -124,6 +138,14 @@ class SegmentStream:
         transform: field key -> :class:`~episodelake.transforms.FrameTransform`
             (crop/resize/normalize/layout of camera frames) or a callable on
             the field's batch array, applied as each batch is assembled.
+        anchors: an :class:`~episodelake.options.Anchors`: the segments are
+            the ones positioned on the steps its predicate picks (one per
+            anchor, starting ``offset`` transitions from it; see
+            :mod:`~episodelake.anchors`) instead of every window start: a
+            finite pass yields one segment per anchor, draws with replacement
+            take anchors uniformly or by the anchors' ``weights`` (times
+            ``el.Weighted``'s per-episode weights). ``follow=True`` finds the
+            anchors of new episodes at each refresh.
 
     A finite stream ends each pass with ``StopIteration``; iterating it again
     (``iter(stream)``, a new ``for`` loop) starts the next pass (epoch), in a
@@ -154,7 +176,9 @@ class SegmentStream:
         drop_last: bool = False,
         follow: bool = False,
         transform: Mapping[str, Transform] | None = None,
+        anchors: Anchors | None = None,
     ) -> None:
+        anchors = anchors_of(anchors)
         if not isinstance(follow, bool):
             raise ArgumentError(f"follow must be a bool, got {follow!r}")
         win = window_of(window)
@@ -170,7 +194,11 @@ class SegmentStream:
         weights = strategy.weights if isinstance(strategy, Weighted) else None
         snap, positions = select(collection, where, filter)
         self._source = _Source(collection, where, filter, weights, snap, positions)
-        self.index = SegmentIndex(positions, snap.lengths[positions], L, win.pad, win.stride, (part.rank, part.world))
+        rank_world = (part.rank, part.world)
+        if anchors is None:
+            self.index = SegmentIndex(positions, snap.lengths[positions], L, win.pad, win.stride, rank_world)
+        else:
+            self.index = anchor_index(collection, snap, positions, anchors, win, rank_world)
         self.sequence_length, self.context_length = L, C
         self._build = _BatchBuilder(self.index, reader_for(snap), L, C, check_transforms(snap.schema, transform))
         per_episode = None
@@ -178,6 +206,10 @@ class SegmentStream:
             per_episode = episode_weights(collection, snap, positions, weights)
         mass = None if per_episode is None else self.index.episode_weights_table(per_episode)
         mode = "prioritized" if per is not None else MODES[kind]
+        if anchors is not None and anchors.weights is not None and mode != "random":
+            raise ArgumentError(
+                f"anchors: weights apply to draws with replacement (el.Uniform() or el.Weighted), not {KINDS[kind]}"
+            )
         if mode == "permutation" and self.index.world > 1 and seed is None:
             raise ArgumentError(
                 "seed: a sharded pass with el.Uniform(replacement=False) needs an explicit seed, the same on every "
@@ -204,6 +236,7 @@ class SegmentStream:
             "segments": self.index.total,
             "episodes": self._source.digest.add(self._source.ids, self.index.lengths).hexdigest(),
             "weights": None if per_episode is None else fingerprint(np.asarray(per_episode, np.float64)),
+            "anchors": _anchor_params(self.index),
             "alpha": None if per is None else per.alpha,
             "beta": None if per is None else per.beta,
             "drop_last": bool(drop_last),
@@ -256,6 +289,8 @@ class SegmentStream:
             "follow": follow,
             "transform": _transform_lineage(transform),
         }
+        if anchors is not None:  # a key of its own only then: other streams keep 0.3's record
+            self._arguments["anchors"] = anchors.record()
 
     @property
     def finite(self) -> bool:
@@ -361,6 +396,8 @@ class SegmentStream:
         self.close()  # prefetched batches were planned on the old index
         index, old = self.index, len(self.index.positions)
         snap, positions = select(source.collection, source.where, source.filter)
+        if isinstance(index, AnchorIndex):  # the new episodes' anchors are found in the new version
+            index.snap = snap
         ids = np.asarray(snap.index["episode_id"][positions], dtype=np.int64)
         lengths = snap.lengths[positions]
         appended = len(ids) >= old and np.array_equal(ids[:old], source.ids)
@@ -374,6 +411,7 @@ class SegmentStream:
         self._build.reader = reader_for(snap)
         params = self._planner.params
         params["segments"], params["episodes"] = index.total, source.digest.hexdigest()
+        params["anchors"] = _anchor_params(index)
         if self.prioritized:
             bind(cast(PrioritizedSampler, self._planner.sampler), source.collection, snap, positions, index, None)
         elif source.weights is not None and isinstance(self._planner.sampler, WeightedSampler):
@@ -457,6 +495,13 @@ class SegmentStream:
             f"SegmentStream({len(self.index)} segments of {self.sequence_length}, batch_size={self.batch_size}, "
             f"mode={self._planner.mode}, shard=({self.index.rank}, {self.index.world}))"
         )
+
+
+def _anchor_params(index: SegmentIndex) -> dict[str, Any] | None:
+    """What a saved state records of an anchored stream: the anchors, and a digest of the segments they gave."""
+    if not isinstance(index, AnchorIndex):
+        return None
+    return dict(index.anchors.record(), found=fingerprint(index.episode, index.starts))
 
 
 def _described(value: Any) -> Any:

@@ -33,6 +33,10 @@ over a segment index of length-1 segments (one id per transition). A
 :class:`~episodelake.samplers.PrioritizedSampler` kept across calls keeps the
 priorities (``sampler.update_priorities(tr.indices, ...)``), also while the
 dataset grows or loses episodes.
+
+``anchors=el.Anchors(predicate, offset)`` draws only transitions
+``t + offset`` of the steps ``t`` the predicate picks (those inside their
+episode), uniformly or by the anchors' ``weights`` (:mod:`.anchors`).
 """
 
 from __future__ import annotations
@@ -49,8 +53,9 @@ from ..read.batching import WindowReader, reader_for
 from ..read.collection import EpisodeCollection
 from ..read.selection import episode_weights, select
 from ..read.snapshot import Snapshot
+from .anchors import anchor_index
 from .batch import Transitions
-from .options import Strategy, Weighted, kind_of, sampler_of
+from .options import Anchors, Strategy, Weighted, Window, anchors_of, kind_of, sampler_of
 from .priority import bind, prioritized_sampler
 from .samplers import Sampler
 from .segment_index import SegmentIndex, check_positive, check_seed
@@ -150,6 +155,7 @@ def sample_transitions(
     where: str | None = None,
     filter: Callable[[Any], bool] | None = None,
     transform: Mapping[str, Transform] | None = None,
+    anchors: Anchors | None = None,
 ) -> Transitions:
     """``batch_size`` transitions drawn with replacement from ``collection``: uniformly by default.
 
@@ -166,7 +172,10 @@ def sample_transitions(
     has ``indices`` and ``weights`` (see
     :class:`~episodelake.samplers.PrioritizedSampler`). ``transform``: per
     field, a :class:`~episodelake.transforms.FrameTransform` or callable
-    applied to the batch's buffers.
+    applied to the batch's buffers. ``anchors``: draw only the transitions
+    ``offset`` steps from the steps an :class:`~episodelake.options.Anchors`
+    predicate picks (by its ``weights`` when given: with el.Uniform or
+    el.Weighted only).
     """
     B = check_positive(batch_size, "batch_size")
     n = check_positive(n_step, "n_step")
@@ -177,13 +186,19 @@ def sample_transitions(
     if rng is not None and not isinstance(rng, np.random.Generator):
         raise ArgumentError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
     strategy = sampler_of(sampler, "sample_transitions", TRANSITION_SAMPLERS)
+    anchors = anchors_of(anchors)
+    if anchors is not None and anchors.weights is not None and kind_of(strategy) not in ("uniform", "weighted"):
+        raise ArgumentError("anchors: weights apply to el.Uniform() and el.Weighted draws, not priorities or a Sampler")
     custom = kind_of(strategy) == "sampler"
     if custom and (seed is not None or rng is not None):
         raise ArgumentError("seed and rng apply to the built-in draws: a Sampler object draws with its own generator")
     per = prioritized_sampler(strategy, seed if rng is None else rng)
     snap, positions = select(collection, where, filter)
     transforms = check_transforms(snap.schema, transform)
-    index = transition_index(snap, positions)
+    if anchors is None:
+        index = transition_index(snap, positions)
+    else:  # transitions are anchored segments of length 1 that lie inside their episode
+        index = anchor_index(collection, snap, positions, anchors, Window(1, pad=None))
     drawn: tuple[np.ndarray, np.ndarray] | None = None
     if per is not None:
         bind(per, collection, snap, positions, index, per.priority)
