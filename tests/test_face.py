@@ -1,4 +1,4 @@
-"""The narrow face of ``Dataset`` (issue 21): 36 public names, maintenance and derived columns in namespaces.
+"""The narrow face of ``Dataset`` (issue 21): 38 public names, maintenance, columns, quality and edits in namespaces.
 
 Each moved verb is checked against something computed without it: the files
 on disk and deltalake's own file list for ``maintenance.vacuum``, the
@@ -29,7 +29,7 @@ FACE = {
     "schema", "version", "location", "refresh", "history", "changes", "info", "episode", "episodes",
     "episode_ids", "num_steps", "snapshot", "positions", "where", "select_episodes", "sql", "stats", "segments",
     "segment_stream", "sample_transitions", "trajectories", "to_numpy", "to_ray", "segments_to_ray", "copy_to",
-    "delete", "maintenance", "columns",
+    "delete", "maintenance", "columns", "quality", "edit",
 }  # fmt: skip
 
 
@@ -40,9 +40,9 @@ def written(path: str | None, numbers: range, **options) -> el.Dataset:
     return ds
 
 
-def test_dataset_has_exactly_the_36_public_names():
+def test_dataset_has_exactly_the_38_public_names():
     names = {n for n in dir(el.Dataset) if not n.startswith("_")}
-    assert len(FACE) == 36
+    assert len(FACE) == 38
     assert names == FACE, (sorted(names - FACE), sorted(FACE - names))
 
 

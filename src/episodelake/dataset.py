@@ -28,7 +28,7 @@ from .core.errors import ArgumentError
 from .core.schema import DatasetSchema, infer_schema
 from .core.segments import Segment
 from .ops.copy import KEEP
-from .ops.namespaces import Columns, Maintenance
+from .ops.namespaces import Columns, Edit, Maintenance
 from .read.collection import EpisodeCollection, selection
 from .read.snapshot import ScanBase, Snapshot
 from .storage.faults import storage_fault
@@ -573,6 +573,11 @@ class Dataset(CollectionReads):
         return Maintenance(self, self._store)
 
     @cached_property
+    def edit(self) -> Edit:
+        """Row edits: ``edit.trim(...)``, ``edit.split(id, at)``, ``edit.set_meta(values, ...)`` (see :class:`Edit`)."""
+        return Edit(self, self._store)
+
+    @cached_property
     def columns(self) -> Columns:
         """Derived columns: ``columns.add(*specs)``, ``columns.update(values, ...)`` (see :class:`Columns`)."""
         return Columns(self, self._store)
@@ -772,8 +777,11 @@ class Dataset(CollectionReads):
     # ---- writing
     def _writer(self) -> CommitSink:
         self._store.check_writable()
-        if self._sink is None or self._sink.pid != os.getpid():
+        sink = self._sink
+        stale = sink is not None and sink.schema is not self._store.schema and not (sink.pending or sink.awaiting)
+        if sink is None or sink.pid != os.getpid() or stale:
             # A forked child writes under its own writer id; the parent's pending episodes stay the parent's.
+            # After a schema edit (ds.columns.drop/rename), an idle sink gives way to one of the new schema.
             self._sink = CommitSink(self._store, **self._writer_options)
         return self._sink
 

@@ -9,7 +9,7 @@ Exit status: 0 on success, 1 on an error (one line ``episodelake: error: ...``
 on stderr, a raw storage error in the words of :func:`faults.storage_fault`,
 and how to pass credentials when object storage found none or refused them;
 ``--debug`` raises it with its traceback instead) and when
-``validate`` finds a problem, 2 for a command line that does not parse, 130 on
+``validate`` finds a problem or ``check`` a failing episode, 2 for a command line that does not parse, 130 on
 Ctrl-C and 141 (128 + SIGPIPE, as for coreutils) when the reader of stdout
 went away (``episodelake info X | head -4``), quietly.
 """
@@ -142,6 +142,25 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def _check_arg(text: str) -> tuple[str, str]:
+    """``NAME=PREDICATE`` of ``--check`` as (name, predicate)."""
+    name, sep, predicate = text.partition("=")
+    if not sep or not name.strip() or not predicate.strip():
+        raise argparse.ArgumentTypeError(f"expected NAME=PREDICATE, got {text!r}")
+    return name.strip(), predicate
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """Audit episodes against quality checks (the stored ones, or ``--check``); exit status 1 when one fails."""
+    from ..core.quality import Check
+
+    ds = _open_read_only(args)
+    checks = [Check(name, predicate, level=args.level) for name, predicate in args.check] or None
+    report = ds.quality.check(checks, where=args.where)
+    print(json.dumps(report.to_json(), indent=2) if args.json else report)
+    return 0 if report.ok else 1
+
+
 def cmd_vacuum(args: argparse.Namespace) -> int:
     """Remove unreferenced table files and crash leftovers (``--dry-run`` lists them)."""
     from ..dataset import Dataset
@@ -179,6 +198,57 @@ def cmd_delete(args: argparse.Namespace) -> int:
     else:
         print(f"deleted {removed} episodes; version {ds.version} (older versions keep them until vacuum)")
     return 0
+
+
+def cmd_edit(args: argparse.Namespace) -> int:
+    """``edit trim|split|set-meta PATH ...``: one edit, one commit (``--dry-run``: report it, commit nothing)."""
+    from ..dataset import Dataset
+
+    ds = Dataset.open(args.path, storage_options=args.options, read_only=args.dry_run)
+    report = args.edit(ds, args)
+    if args.json:
+        print(json.dumps(report.to_json()))
+        return 0
+    verb = "would edit" if report.dry_run else "edited"
+    new = f" into {report.new_ids}" if report.new_ids else ""
+    steps = f", {report.steps_removed} steps removed" if report.steps_removed else ""
+    print(f"{report.operation}: {verb} {len(report.episode_ids)} episodes{new}{steps}; version {report.version}")
+    return 0
+
+
+def _edit_trim(ds: Any, args: argparse.Namespace) -> Any:
+    if args.episode:
+        if args.head or args.tail or args.where:
+            args.parser.error("give --episode ID:START:STOP, or --head/--tail with --where, not both")
+        cuts = {}
+        for text in args.episode:
+            try:
+                eid, start, stop = (int(v) for v in text.split(":"))
+            except ValueError:
+                args.parser.error(f"--episode {text!r}: expected ID:START:STOP (three ints)")
+            cuts[eid] = (start, stop)
+        return ds.edit.trim(cuts, dry_run=args.dry_run)
+    return ds.edit.trim(head=args.head, tail=args.tail, where=args.where, dry_run=args.dry_run)
+
+
+def _edit_split(ds: Any, args: argparse.Namespace) -> Any:
+    return ds.edit.split(args.episode_id, args.at, dry_run=args.dry_run)
+
+
+def _edit_set_meta(ds: Any, args: argparse.Namespace) -> Any:
+    values = {}
+    for text in args.values:
+        name, sep, raw = text.partition("=")
+        if not sep or not name:
+            args.parser.error(f"{text!r}: expected FIELD=VALUE")
+        try:
+            values[name] = json.loads(raw)  # numbers, true/false, null, lists; anything else is a string
+        except json.JSONDecodeError:
+            values[name] = raw
+    if args.ids is not None and args.where is not None:
+        args.parser.error("give --ids or --where, not both")
+    ids = None if args.ids is None else [int(v) for v in _csv(args.ids) or []]
+    return ds.edit.set_meta(values, ids, where=args.where, dry_run=args.dry_run)
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
@@ -443,6 +513,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-tensors", action="store_true", help="check tensor references only, do not read rows")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
 
+    p = command("check", cmd_check, "audit episodes against quality checks: the stored ones, or --check NAME=PREDICATE")
+    p.add_argument("path", help="dataset path or URL")
+    p.add_argument("--version", type=int, default=None, help="audit this table version (default: latest)")
+    options(p)
+    p.add_argument(
+        "--check",
+        type=_check_arg,
+        action="append",
+        default=[],
+        metavar="NAME=PREDICATE",
+        help="a SQL check instead of the stored ones, e.g. 'ok=NOT success OR \"return\" > 0' (repeatable)",
+    )
+    p.add_argument(
+        "--level", choices=["episode", "step"], default="episode", help="--check predicates are over episodes or steps"
+    )
+    p.add_argument("--where", default=None, help="audit only episodes matching this SQL predicate")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+
     p = command("vacuum", cmd_vacuum, "delete unreferenced table files and tensor data left by crashes")
     p.add_argument("path", help="dataset path or URL")
     p.add_argument("--dry-run", action="store_true", help="list what would be deleted, delete nothing")
@@ -462,6 +550,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--all", action="store_true", help="remove every episode (clear)")
     options(p)
     p.add_argument("--json", action="store_true", help='print {"deleted": N, "version": V}')
+
+    p = command("edit", cmd_edit, "edit episodes in one commit, tensors untouched (trim, split, set-meta, ...)")
+    edits = p.add_subparsers(dest="edit_command", required=True)
+
+    def edit(name: str, func: Any, help: str) -> argparse.ArgumentParser:
+        e = edits.add_parser(name, help=help, parents=[common])
+        e.set_defaults(edit=func, parser=e)
+        e.add_argument("path", help="dataset path or URL")
+        options(e)
+        e.add_argument("--dry-run", action="store_true", help="report what would change, commit nothing")
+        e.add_argument("--json", action="store_true", help="print the edit report as JSON")
+        return e
+
+    e = edit("trim", _edit_trim, "keep transitions [start, stop) of episodes (the rest is cut; frames stay in place)")
+    e.add_argument("--head", type=int, default=0, help="steps to remove from the start of each matching episode")
+    e.add_argument("--tail", type=int, default=0, help="steps to remove from the end of each matching episode")
+    e.add_argument("--where", default=None, help="trim only episodes matching this SQL predicate (default: all)")
+    e.add_argument("--episode", action="append", metavar="ID:START:STOP", help="keep [START, STOP) of episode ID")
+    e = edit("split", _edit_split, "split one episode in two at a step: [0, at) truncated and [at, T)")
+    e.add_argument("episode_id", type=int, help="the episode to split")
+    e.add_argument("at", type=int, help="the first step of the second episode")
+    e = edit("set-meta", _edit_set_meta, "set meta fields (task labels, operator, success) of episodes")
+    e.add_argument("values", nargs="+", metavar="FIELD=VALUE", help="a JSON value (null unsets) or plain text")
+    e.add_argument("--where", default=None, help="the episodes matching this SQL predicate (default: all)")
+    e.add_argument("--ids", default=None, help="episode ids, comma-separated")
+    # edit drop-field / rename-field (ds.columns) register here with edit(name, func, help)
 
     p = command("plot", cmd_plot, "write return and length histograms of a dataset to an image (png, svg, pdf)")
     p.add_argument("path", help="dataset path or URL")

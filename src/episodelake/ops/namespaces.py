@@ -1,4 +1,5 @@
-"""The verb groups of a Dataset: ``ds.maintenance`` (audit, vacuum, compaction) and ``ds.columns`` (derived columns).
+"""The verb groups of a Dataset: ``ds.maintenance`` (audit, vacuum, compaction), ``ds.columns`` (derived
+columns) and ``ds.edit`` (trim, split, set meta).
 
 Like delta-rs's ``dt.optimize`` / ``dt.alter``, the verbs a training loop
 never calls live on small objects that hold the dataset's store and the
@@ -20,9 +21,39 @@ from ..read.audit import CheckReport, audit, bind
 from ..read.collection import EpisodeCollection
 from ..read.query import SnapshotViews
 from ..read.query import where as matching
+from ..read.snapshot import Snapshot
 from ..storage.retention import check_ids
 from ..storage.store import Store
+from . import edit
+from .edit import EditReport
 from .maintenance import DEFAULT_RETENTION_HOURS, VacuumReport, ValidationReport, vacuum, validate
+from .schema_edit import SchemaEditReport, drop_fields, rename_field
+
+
+def chosen(
+    dataset: EpisodeCollection, verb: str, episode_ids: Iterable[int] | None, where: str | None, params: Any
+) -> tuple[Snapshot, np.ndarray]:
+    """The snapshot and positions a verb acts on: ``episode_ids`` (in that order), ``where`` matches, else all.
+
+    ``episode_ids`` and ``where`` together, ``params`` without ``where``,
+    repeated or unknown ids raise :class:`ArgumentError` naming ``verb``.
+    """
+    if episode_ids is not None and where is not None:
+        raise ArgumentError(f"{verb} takes episode_ids or where=, not both")
+    if where is None and params is not None:
+        raise ArgumentError(f"{verb}: params= fills placeholders of where=; give where= too")
+    if where is not None:
+        return matching(dataset, where, params)
+    snap = dataset.snapshot()
+    if episode_ids is None:
+        return snap, np.arange(snap.num_episodes)
+    given = list(episode_ids) if not isinstance(episode_ids, str | bytes) else episode_ids
+    if len(check_ids(given)) != len(given):
+        raise ArgumentError(f"{verb}: episode_ids repeat")
+    try:
+        return snap, snap.positions_of(np.asarray(given, dtype=np.int64))
+    except KeyError as exc:
+        raise ArgumentError(f"{verb}: {exc.args[0]}") from None
 
 
 class Maintenance:
@@ -74,7 +105,7 @@ class Maintenance:
 
 
 class Columns:
-    """``ds.columns``: declare derived columns and set their values, in versioned commits."""
+    """``ds.columns``: declare derived columns and set their values; drop and rename fields. Versioned commits."""
 
     def __init__(self, dataset: EpisodeCollection, store: Store) -> None:
         self._dataset, self._store = dataset, store
@@ -118,10 +149,6 @@ class Columns:
         from ..write.derived import encode, write
 
         self._store.check_writable()
-        if episode_ids is not None and where is not None:
-            raise ArgumentError("update takes episode_ids or where=, not both")
-        if where is None and params is not None:
-            raise ArgumentError("update: params= fills placeholders of where=; give where= too")
         if not isinstance(values, Mapping) or not values:
             raise ArgumentError("update: values must be a non-empty mapping of derived column keys to values")
         snap = self._dataset.snapshot()
@@ -129,25 +156,35 @@ class Columns:
         unknown = [k for k in values if k not in derived]
         if unknown:
             raise ArgumentError(f"update: {unknown} are not derived columns (declared: {sorted(derived)})")
-        if episode_ids is not None:
-            given = list(episode_ids) if not isinstance(episode_ids, str | bytes) else episode_ids
-            if len(check_ids(given)) != len(given):
-                raise ArgumentError("update: episode_ids repeat")
-            ids = np.asarray(given, dtype=np.int64)
-            try:
-                positions = snap.positions_of(ids)
-            except KeyError as exc:
-                raise ArgumentError(f"update: {exc.args[0]}") from None
-        elif where is not None:
-            snap, positions = matching(self._dataset, where, params)
-        else:
-            positions = np.arange(snap.num_episodes)
+        snap, positions = chosen(self._dataset, "update", episode_ids, where, params)
         ids = np.asarray(snap.index["episode_id"][positions], dtype=np.int64)
         if not len(ids):
             return self._store.version
         lengths = snap.lengths[positions]
         columns = {key: encode(derived[key], value, lengths, ids) for key, value in values.items()}
         return write(self._store, ids, columns)
+
+    def drop(self, *keys: str, dry_run: bool = False) -> SchemaEditReport:
+        """Drop fields (meta, per-step or tensor) in one commit (``DROP FIELDS``) that rewrites only table rows.
+
+        Every episode keeps its other fields; older versions (time travel,
+        pinned readers) still read the dropped ones; tensor arrays are left as
+        they are. Derived and partition columns, unknown keys
+        (:class:`ArgumentError`) and a drop leaving no observation, action or
+        reward field (:class:`SchemaError`) change nothing. Rules:
+        :mod:`episodelake.ops.schema_edit`.
+        """
+        self._store.check_writable()
+        return drop_fields(self._store, self._dataset.snapshot(), list(keys), dry_run)
+
+    def rename(self, old: str, new: str, *, dry_run: bool = False) -> SchemaEditReport:
+        """Rename field ``old`` to key ``new`` (same role) in one commit (``RENAME FIELD``); tensors stay.
+
+        SQL, ``where()``, reads, ``stats()``, sampling and new episodes use
+        the new key; older versions read the old one. Same refusals as :meth:`drop`.
+        """
+        self._store.check_writable()
+        return rename_field(self._store, self._dataset.snapshot(), old, new, dry_run)
 
 
 def bound_checks(collection: EpisodeCollection, checks: Iterable[Check]) -> tuple[Check, ...]:
@@ -214,3 +251,106 @@ class Quality:
             raise ArgumentError("quality.check: params= fills placeholders of where=; give where= too")
         collection = self._dataset if where is None else self._dataset.where(where, params)
         return audit(collection, checks)
+
+
+class Edit:
+    """``ds.edit``: trim, split and relabel committed episodes, each one commit that writes no tensor bytes.
+
+    Every edit replaces the edited episodes' table rows in one commit named
+    in ``history()`` (``TRIM``, ``SPLIT``, ``SET META``); readers pinned to
+    an older version, and time travel, see the episodes as they were. Bad
+    arguments raise (naming the episode or field) and commit nothing;
+    ``dry_run=True`` reports what would change and commits nothing. Rules:
+    :mod:`episodelake.ops.edit` and docs/writing.md.
+    """
+
+    def __init__(self, dataset: EpisodeCollection, store: Store) -> None:
+        self._dataset, self._store = dataset, store
+
+    def trim(
+        self,
+        cuts: Mapping[int, tuple[int, int]] | None = None,
+        *,
+        head: int = 0,
+        tail: int = 0,
+        where: str | None = None,
+        params: Any = None,
+        dry_run: bool = False,
+    ) -> EditReport:
+        """Keep transitions ``[start, stop)`` (observations ``[start, stop]``) of some episodes.
+
+        ``cuts`` maps episode ids to ``(start, stop)``; without it, ``head``
+        steps go from the start and ``tail`` from the end of every episode
+        matching ``where`` (SQL over ``episodes``, ``params`` bind it; none:
+        every episode). ``terminated`` stays only where ``stop`` is the old
+        end; a cut end is ``truncated``. Ids, positions and meta stay.
+        """
+        if not dry_run:  # a dry run reads only: it works on a read-only dataset too
+            self._store.check_writable()
+        if cuts is not None:
+            if where is not None or params is not None or head or tail:
+                raise ArgumentError("trim takes cuts, or head=/tail= with where=/params=, not both")
+            if not isinstance(cuts, Mapping):
+                raise ArgumentError(f"trim: cuts must map episode ids to (start, stop), got {type(cuts).__name__}")
+            spans = [_span(eid, span) for eid, span in cuts.items()]
+            snap, positions = chosen(self._dataset, "trim", list(cuts), None, None)
+            bounds = np.array(spans, dtype=np.int64).reshape(-1, 2)
+        else:
+            for name, value in (("head", head), ("tail", tail)):
+                if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 0:
+                    raise ArgumentError(f"trim: {name} must be an int >= 0, got {value!r}")
+            if not head and not tail:
+                raise ArgumentError("trim needs cuts, or head= and/or tail= steps to remove")
+            snap, positions = chosen(self._dataset, "trim", None, where, params)
+            lengths = snap.lengths[positions].astype(np.int64)
+            bounds = np.stack([np.full(len(positions), head, np.int64), lengths - tail], axis=1)
+        return edit.trim(self._store, snap, positions, bounds, dry_run)
+
+    def split(self, episode_id: int, at: int, *, dry_run: bool = False) -> EditReport:
+        """Replace episode ``episode_id`` by its transitions ``[0, at)`` (truncated) and ``[at, T)`` (its flags).
+
+        Both keep the meta and ``created_at``; ``report.new_ids`` names them
+        (new ids, increasing: the first half first).
+        """
+        if not dry_run:  # a dry run reads only: it works on a read-only dataset too
+            self._store.check_writable()
+        snap, positions = chosen(self._dataset, "split", [_episode_id(episode_id)], None, None)
+        return edit.split(self._store, snap, int(positions[0]), at, dry_run)
+
+    def set_meta(
+        self,
+        values: Mapping[str, Any],
+        episode_ids: Iterable[int] | None = None,
+        *,
+        where: str | None = None,
+        params: Any = None,
+        dry_run: bool = False,
+    ) -> EditReport:
+        """Set base meta fields (task labels, operator, success; partition columns too) of some episodes.
+
+        ``values`` maps meta field names to one value for all chosen
+        episodes, or a list of one value per episode (in ``episode_ids``
+        order, or episode order); None unsets. The episodes: ``episode_ids``,
+        those matching ``where`` (``params`` bind it), or every episode.
+        Values are checked as a write checks them; unknown, step and derived
+        fields raise :class:`ArgumentError` (derived: ``columns.update``).
+        """
+        if not dry_run:  # a dry run reads only: it works on a read-only dataset too
+            self._store.check_writable()
+        snap, positions = chosen(self._dataset, "set_meta", episode_ids, where, params)
+        return edit.set_meta(self._store, snap, values, positions, dry_run)
+
+
+def _episode_id(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise ArgumentError(f"episode id must be an int, got {value!r}")
+    return int(value)
+
+
+def _span(eid: Any, span: Any) -> tuple[int, int]:
+    """A trim's ``(start, stop)`` for episode ``eid``, as two ints."""
+    _episode_id(eid)
+    ok = isinstance(span, tuple | list) and len(span) == 2
+    if not ok or any(isinstance(v, bool) or not isinstance(v, int | np.integer) for v in span):
+        raise ArgumentError(f"trim: episode {eid}: (start, stop) must be two ints, got {span!r}")
+    return int(span[0]), int(span[1])

@@ -9,10 +9,13 @@ so ``added`` = ids of the new files minus ids of the gone files, ``removed``
 = the converse, and a compaction, which moves episodes between files, shows
 no change. Only the files that differ are read, not the whole table.
 
-``updated``: episodes live in both versions whose derived columns
-(``ds.columns.update``, :mod:`.derived`) hold different values at the side-table
-versions the two table versions record (a value set back to what it was is
-no change; a new declaration without values is none either).
+``updated``: episodes live in both versions whose table row was replaced by
+an edit (``ds.edit``: trim, set meta; a row in both the gone and the new
+files whose length, flags, return, meta, references or checksums differ) or
+whose derived columns (``ds.columns.update``, :mod:`.derived`) hold different
+values at the side-table versions the two table versions record (a value
+set back to what it was is no change; a new declaration without values is
+none either).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import pyarrow as pa
 from ..core.errors import ArgumentError
 from ..storage.side_table import DerivedState, side_values
 from ..storage.store import Store
-from ..storage.table import EpisodeTable
+from ..storage.table import EpisodeTable, arrow_schema, read_table_file
 
 
 @dataclass(frozen=True)
@@ -61,10 +64,33 @@ def changes(store: Store, since: int) -> Changes:
     added = np.setdiff1d(new, gone)
     removed = np.setdiff1d(gone, new)
     old_state, new_state = DerivedState.of(then.dt), DerivedState.of(now.dt)
-    updated = np.zeros(0, np.int64)
+    updated = _edited(store, then, before - after, after - before, np.intersect1d(gone, new))
     if new_state.version is not None and new_state.version != old_state.version:
-        updated = _updated(store, old_state, new_state, added)
+        updated = np.union1d(updated, _updated(store, old_state, new_state, added))
     return Changes(int(since), now.version, added, removed, updated)
+
+
+def _edited(store: Store, then: EpisodeTable, gone: set[str], new: set[str], both: np.ndarray) -> np.ndarray:
+    """Ids of ``both`` (in a gone and a new file) whose scalar row columns differ: edited, not just moved."""
+    if not len(both):
+        return np.zeros(0, np.int64)
+    per_step = {f.key for f in store.schema.step_fields}
+    columns = [c.name for c in arrow_schema(store.schema) if c.name not in per_step and not c.name.startswith("stats/")]
+    rows = [_rows_of(table, files, columns, both) for table, files in ((then, gone), (store.table, new))]
+    return np.asarray(sorted(eid for eid, row in rows[1].items() if rows[0].get(eid) != row), dtype=np.int64)
+
+
+def _rows_of(table: EpisodeTable, files: set[str], columns: list[str], ids: np.ndarray) -> dict[int, tuple]:
+    """Rows (``columns`` as Python values) of episodes ``ids`` stored in ``files`` of ``table``, by id."""
+    out: dict[int, tuple] = {}
+    partitions = set(table.dt.metadata().partition_columns)
+    for rel in sorted(files):
+        tbl = read_table_file(table.loc, table.file_path(rel), [c for c in columns if c not in partitions])
+        keep = np.isin(np.asarray(tbl["episode_id"], dtype=np.int64), ids)
+        where = rel.rsplit("/", 1)[0] if partitions else ""  # hive partition values are in the path, not the file
+        for row in tbl.filter(pa.array(keep)).to_pylist():
+            out[row["episode_id"]] = (where, *sorted((k, repr(v)) for k, v in row.items()))
+    return out
 
 
 def _updated(store: Store, old: DerivedState, new: DerivedState, added: np.ndarray) -> np.ndarray:

@@ -1,0 +1,285 @@
+"""Row edits of committed episodes: trim, split and set meta, each ONE Delta commit that writes no tensor bytes.
+
+An edit replaces the edited episodes' rows of the episode table in one
+commit (:meth:`~episodelake.table.EpisodeTable.commit`, the replaceWhere
+that FIFO eviction uses: the old rows removed, the new ones added), named in
+``history()`` (``TRIM``, ``SPLIT``, ``SET META``). Tensor arrays are never
+written: an edited row points into the same rows of its writer's arrays
+(``ref/<key>`` shifted by the rows cut from the front, same ``writer``), and
+its checksums, statistics and return are recomputed from the rows it keeps
+(read once). Older versions keep their files, so time travel and readers
+pinned to them see the episodes as they were.
+
+Rules (docs/writing.md, "Editing episodes"):
+
+* **trim** keeps transitions ``[start, stop)`` and observations
+  ``[start, stop]`` (at least one transition). ``terminated`` stays only when
+  ``stop`` is the old end; a cut end is ``truncated``. The id, ``created_at``
+  (so the position) and meta stay.
+* **split** at ``at`` makes ``[0, at)`` (truncated) and ``[at, T)`` (the
+  original flags), meta and ``created_at`` copied, two new ids. Edit ids live
+  where no writer's can: writers mint ``number << 32 | sequence`` with a
+  31-bit number, so every writer id is >= 0; an edit mints
+  ``-2**63 + (number << 32 | sequence)`` (negative), with a random 31-bit
+  edit number not used by any negative id in the table.
+* **set_meta** replaces base meta values (partition columns too), checked as
+  a write checks them.
+
+The plan is checked again at the version the commit lands on: an edited
+episode deleted or changed meanwhile raises :class:`CommitConflictError`
+and changes nothing. Derived columns are keyed by episode id: trim and
+set_meta keep per-episode derived values; trim refuses a dataset with
+per-step derived columns and split one with any derived column (their values
+cannot move in the same commit).
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..core.checks import meta_value
+from ..core.episode import EpisodeBatch, extra_rows
+from ..core.errors import ArgumentError, CommitConflictError, ValidationError
+from ..core.schema import DatasetSchema
+from ..core.summary import summarize
+from ..read.snapshot import Snapshot
+from ..storage.rows import build_rows, meta_column
+from ..storage.store import Store
+from ..storage.table import arrow_schema
+
+EDIT_ID_BASE = -(1 << 63)  # edit ids: EDIT_ID_BASE + (edit number << 32 | sequence), all < 0
+
+
+@dataclass(frozen=True)
+class EditReport:
+    """What an edit changed (or, with ``dry_run``, would change).
+
+    ``episode_ids``: the edited episodes (removed by a split); ``new_ids``:
+    the episodes a split made (empty otherwise); ``steps_removed``: steps
+    trimmed away; ``version``: the version committed (the current one for a
+    dry run or an edit that matched nothing).
+    """
+
+    operation: str
+    version: int
+    dry_run: bool
+    episode_ids: list[int] = field(default_factory=list)
+    new_ids: list[int] = field(default_factory=list)
+    steps_removed: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "operation": self.operation,
+            "version": self.version,
+            "dry_run": self.dry_run,
+            "episode_ids": self.episode_ids,
+            "new_ids": self.new_ids,
+            "steps_removed": self.steps_removed,
+        }
+
+
+def trim(store: Store, snap: Snapshot, positions: np.ndarray, cuts: np.ndarray, dry_run: bool) -> EditReport:
+    """Keep transitions ``[cuts[i, 0], cuts[i, 1])`` of the episode at ``positions[i]``, in one commit."""
+    ids = [int(i) for i in snap.index["episode_id"][positions]]
+    lengths = snap.lengths[positions]
+    for eid, t, (a, b) in zip(ids, lengths.tolist(), cuts.tolist(), strict=True):
+        if not 0 <= a < b <= t:
+            raise ArgumentError(f"trim: episode {eid} has {t} transitions; [{a}, {b}) must keep at least one of them")
+    _refuse_derived(snap, "trim", per_step_only=True)
+    removed = int((lengths - (cuts[:, 1] - cuts[:, 0])).sum())
+    if dry_run or not ids:
+        return EditReport("TRIM", store.version, True, ids, [], removed) if dry_run else _nothing("TRIM", store)
+    old = _current_rows(store, ids)
+    cut_end = cuts[:, 1] < lengths
+    terminated = snap.index["terminated"][positions] & ~cut_end
+    truncated = snap.index["truncated"][positions] | cut_end
+    rows = _edited_rows(store, snap, old, positions, cuts, terminated, truncated, np.asarray(ids, np.int64))
+    version = _commit(store, old, rows, "TRIM")
+    return EditReport("TRIM", version, False, ids, [], removed)
+
+
+def split(store: Store, snap: Snapshot, position: int, at: int, dry_run: bool) -> EditReport:
+    """Replace the episode at ``position`` by its transitions ``[0, at)`` (truncated) and ``[at, T)``."""
+    eid = int(snap.index["episode_id"][position])
+    t = int(snap.lengths[position])
+    if isinstance(at, bool) or not isinstance(at, int | np.integer) or not 0 < at < t:
+        raise ArgumentError(f"split: episode {eid} has {t} transitions; at={at!r} must be an int in [1, {t - 1}]")
+    _refuse_derived(snap, "split", per_step_only=False)
+    capacity = store.capacity
+    if capacity is not None and capacity.episodes is not None and snap.num_episodes + 1 > capacity.episodes:
+        raise ArgumentError(
+            f"split: episode {eid}: the dataset keeps at most {capacity.episodes} episodes and holds "
+            f"{snap.num_episodes}; a split would exceed its capacity"
+        )
+    if dry_run:
+        return EditReport("SPLIT", store.version, True, [eid], [], 0)
+    old = _current_rows(store, [eid])
+    new_ids = _edit_ids(store, 2)
+    positions = np.array([position, position])
+    cuts = np.array([[0, at], [at, t]], dtype=np.int64)
+    terminated = np.array([False, bool(snap.index["terminated"][position])])
+    truncated = np.array([True, bool(snap.index["truncated"][position])])
+    rows = _edited_rows(store, snap, old, positions, cuts, terminated, truncated, new_ids)
+    version = _commit(store, old, rows, "SPLIT")
+    return EditReport("SPLIT", version, False, [eid], new_ids.tolist(), 0)
+
+
+def set_meta(
+    store: Store, snap: Snapshot, values: Mapping[str, Any], positions: np.ndarray, dry_run: bool
+) -> EditReport:
+    """Set base meta fields of the episodes at ``positions`` (one value each, or one per episode) in one commit.
+
+    A value that is a list or tuple of as many items as episodes (and is not
+    itself a valid value of the field) gives each episode its own.
+    """
+    schema = snap.schema
+    if not isinstance(values, Mapping) or not values:
+        raise ArgumentError("set_meta: values must be a non-empty mapping of meta field names to values")
+    meta = {f.key: f for f in schema.meta_fields}
+    for key in values:
+        f = meta.get(key) if isinstance(key, str) else None
+        if f is None:
+            kinds = "a step field" if isinstance(key, str) and key in {g.key for g in schema.fields} else "unknown"
+            raise ArgumentError(f"set_meta: {key!r} is {kinds}, not a meta field (meta fields: {sorted(meta)})")
+        if f.derived:
+            raise ArgumentError(f"set_meta: {key!r} is a derived column; set it with ds.columns.update")
+    ids = [int(i) for i in snap.index["episode_id"][positions]]
+    checked = {key: _meta_values(schema, key, value, ids) for key, value in values.items()}
+    if dry_run or not ids:
+        return EditReport("SET META", store.version, True, ids) if dry_run else _nothing("SET META", store)
+    old = _current_rows(store, ids)
+    order = {eid: i for i, eid in enumerate(ids)}
+    at = np.array([order[int(e)] for e in old["episode_id"].to_pylist()], dtype=np.int64)
+    target = arrow_schema(store.schema)
+    rows = old
+    for key, (stacked, valid) in checked.items():
+        column = meta_column(meta[key], stacked[at], valid[at], target.field(key).type)
+        rows = rows.set_column(rows.schema.get_field_index(key), key, column)
+    version = _commit(store, old, rows, "SET META")
+    return EditReport("SET META", version, False, ids)
+
+
+def _meta_values(schema: DatasetSchema, key: str, value: Any, ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """``value`` (one for all, or one per episode) of meta field ``key`` for ``ids``, checked: (values, valid)."""
+    f = schema[key]
+    n = len(ids)
+    per_episode = isinstance(value, list | tuple) and len(value) == n and not _is_value(f, value)
+    items = list(value) if per_episode else [value] * n
+    checked = [meta_value(f, v, f"set_meta of episode {eid}") for v, eid in zip(items, ids, strict=True)]
+    if f.required:
+        unset = [eid for v, eid in zip(checked, ids, strict=True) if v is None]
+        if unset:
+            raise ValidationError(f"set_meta: meta field {key!r} is required; episodes {unset[:10]} would have none")
+    valid = np.array([v is not None for v in checked], dtype=bool)
+    if f.np_dtype.kind == "U":
+        return np.array([v or "" for v in checked], dtype=object), valid
+    stacked = np.zeros((n, *f.shape), f.np_dtype)
+    for i, v in enumerate(checked):
+        if v is not None:
+            stacked[i] = v
+    return stacked, valid
+
+
+def _is_value(f: Any, value: Any) -> bool:
+    """Whether ``value`` is itself one valid value of meta field ``f`` (a shaped field takes a list)."""
+    try:
+        meta_value(f, value, "")
+    except (ValidationError, ArgumentError, TypeError, ValueError):
+        return False
+    return True
+
+
+def _refuse_derived(snap: Snapshot, verb: str, per_step_only: bool) -> None:
+    fields = [f.key for f in snap.derived.fields if not per_step_only or f.role != "meta"]
+    if fields:
+        kind = "per-step derived columns" if per_step_only else "derived columns"
+        raise ArgumentError(
+            f"{verb}: the dataset declares {kind} {fields}, whose values cannot follow the edit in the same commit"
+        )
+
+
+def _nothing(operation: str, store: Store) -> EditReport:
+    return EditReport(operation, store.version, False)
+
+
+def _current_rows(store: Store, ids: list[int]) -> pa.Table:
+    """The latest version's table rows of episodes ``ids``, in the table's schema (CommitConflictError: one is gone)."""
+    target = arrow_schema(store.schema)
+    tbl = store.table.read(target.names, filter=pc.field("episode_id").isin(pa.array(ids, pa.int64())))
+    if tbl.num_rows != len(ids):
+        found = set(tbl["episode_id"].to_pylist())
+        gone = [i for i in ids if i not in found]
+        raise CommitConflictError(f"episodes {gone[:10]} are no longer in the latest version: nothing was edited")
+    return tbl.select(target.names).cast(target).sort_by("episode_id").combine_chunks()
+
+
+def _edited_rows(
+    store: Store,
+    snap: Snapshot,
+    old: pa.Table,
+    positions: np.ndarray,
+    cuts: np.ndarray,
+    terminated: np.ndarray,
+    truncated: np.ndarray,
+    ids: np.ndarray,
+) -> pa.Table:
+    """New table rows for episodes ``positions`` cut to ``cuts`` (row ``i``: ``ids[i]``, meta of ``old`` by id).
+
+    Reads the kept rows of every step field (tensors are read, never written),
+    recomputes checksums, statistics and returns, and shifts the references.
+    """
+    schema = store.schema
+    lengths = (cuts[:, 1] - cuts[:, 0]).astype(np.int64)
+    data, refs = {}, {}
+    pos = positions.tolist()
+    for f in schema.step_fields:
+        hi = (cuts[:, 1] + extra_rows(f)).tolist()
+        pieces = snap.read_ranges(f, pos, cuts[:, 0].tolist(), hi)
+        data[f.key] = np.concatenate(pieces) if len(pieces) > 1 else np.asarray(pieces[0])
+        if f.in_tensor:
+            refs[f.key] = snap.index[f"ref/{f.key}"][positions].astype(np.int64) + cuts[:, 0]
+    n = len(ids)
+    created = snap.index["created_at"][positions].astype("datetime64[us]")
+    # meta is taken from the old rows below (as stored, NULLs included): the batch holds none
+    unset = {
+        f.name: (np.zeros((n, *f.shape), object if f.np_dtype.kind == "U" else f.np_dtype), np.zeros(n, bool))
+        for f in schema.meta_fields
+    }
+    batch = EpisodeBatch(data, lengths, terminated.astype(bool), truncated.astype(bool), unset, created)
+    rows = build_rows(schema, batch, summarize(schema, batch), "", ids, refs)
+    by_id = {int(e): i for i, e in enumerate(old["episode_id"].to_pylist())}
+    source = old.take(pa.array([by_id[int(e)] for e in snap.index["episode_id"][positions]], pa.int64()))
+    for name in ["writer", *(f.key for f in schema.meta_fields)]:
+        rows = rows.set_column(rows.schema.get_field_index(name), name, source[name])
+    return rows
+
+
+def _edit_ids(store: Store, n: int) -> np.ndarray:
+    """``n`` new edit ids (increasing): a random 31-bit edit number no negative id of the latest version uses."""
+    ids = np.asarray(store.table.read(["episode_id"]).column(0), dtype=np.int64)
+    used = set(((ids[ids < 0] - EDIT_ID_BASE) >> 32).tolist())
+    number = secrets.randbelow(1 << 31)
+    while number in used:
+        number = secrets.randbelow(1 << 31)
+    return EDIT_ID_BASE + ((number << 32) | np.arange(n, dtype=np.int64))
+
+
+def _commit(store: Store, old: pa.Table, rows: pa.Table, operation: str) -> int:
+    """Replace the episodes of ``old`` by ``rows`` in one commit; the latest version must still hold ``old``."""
+    ids = old["episode_id"].to_pylist()
+
+    def plan() -> tuple[pa.Table, list[int]]:
+        if not _current_rows(store, ids).equals(old):
+            raise CommitConflictError(f"{operation}: episodes {ids[:10]} changed concurrently: nothing was edited")
+        return rows, ids
+
+    version = store.table.commit(plan, operation=operation)
+    store.committed()
+    return version
