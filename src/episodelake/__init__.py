@@ -28,7 +28,7 @@ from .core.quality import Check
 from .core.schema import DatasetSchema, FieldSpec, infer_schema, schema_from_gym_spaces
 from .core.segments import RoleView, Segment
 from .core.transforms import FrameTransform
-from .dataset import Dataset, DatasetView, EpisodeRef
+from .dataset import Dataset, DatasetView, EpisodeRef, merge
 from .exporters.rrd import to_rerun
 from .lineage import load_state, save_state, stream_from_state
 from .sampling.batch import SegmentBatch as Batch
@@ -84,6 +84,7 @@ __all__ = [
     "concat",
     "infer_schema",
     "load_state",
+    "merge",
     "save_state",
     "schema_from_gym_spaces",
     "stream_from_state",

@@ -782,8 +782,8 @@ class Dataset(CollectionReads):
         if sink is None or sink.pid != os.getpid() or stale:
             # A forked child writes under its own writer id; the parent's pending episodes stay the parent's.
             # After a schema edit (ds.columns.drop/rename), an idle sink gives way to one of the new schema.
-            self._sink = CommitSink(self._store, **self._writer_options)
-        return self._sink
+            sink = self._sink = CommitSink(self._store, **self._writer_options)
+        return sink
 
     def new_episode(self, initial_obs: Any, **meta: Any) -> EpisodeWriter:
         """Start recording an episode at its reset observation; ``meta`` are meta fields."""
@@ -948,3 +948,41 @@ class Dataset(CollectionReads):
 
     def __repr__(self) -> str:
         return f"Dataset({self.location.url!r}, version={self.version}, episodes={len(self)})"
+
+
+def merge(
+    sources: Sequence[Dataset | DatasetView | str],
+    dest: str | None,
+    storage_options: Mapping[str, Any] | None = None,
+    *,
+    where: str | None = None,
+    params: Any = None,
+    overwrite: bool = False,
+    progress: bool | None = None,
+    verify: bool = True,
+    batch_bytes: int = 256 << 20,
+) -> Dataset:
+    """``el.merge``: every episode of ``sources`` (datasets, views or paths) in one new dataset at ``dest``, verified.
+
+    ``dest``: None (memory), a path or an object-store URL (``storage_options``
+    reach it; a path source is opened read-only with default options).
+    ``where`` (``params`` bind it) keeps the matching episodes of each
+    source. New unique ids; the meta columns ``source`` (the source's URL)
+    and ``source_episode_id`` (the id there) say where each came from.
+    Different fields raise :class:`SchemaError` naming the source and field.
+    See :mod:`episodelake.ops.merge`.
+    """
+    from .ops.merge import merge as merge_into
+
+    collections: list[EpisodeCollection] = []
+    for source in sources:
+        if isinstance(source, str | os.PathLike):
+            source = Dataset.open(os.fspath(source), read_only=True)
+        if not isinstance(source, CollectionReads):
+            raise ArgumentError(f"merge: sources are datasets, views or paths, got {type(source).__name__}")
+        collections.append(source.where(where, params) if where is not None else source)
+    picked = [(c._origin._store, c.snapshot(), c.positions) for c in collections]  # type: ignore[attr-defined]
+    target = resolve(dest, dict(storage_options or {}))
+    return Dataset(
+        merge_into(picked, target, overwrite=overwrite, progress=progress, verify=verify, batch_bytes=batch_bytes)
+    )

@@ -181,6 +181,8 @@ class FieldSpec:
             episodes, stored in the table (not tensors); a step field's
             ``default`` fills steps of episodes never updated (else NaN for
             floats, zero otherwise), a meta field reads None there.
+        stored_as: the key a renamed tensor field's arrays keep
+            (``ds.columns.rename``: tensors are never moved); None: its key.
     """
 
     name: str
@@ -198,6 +200,7 @@ class FieldSpec:
     derived: bool = False
     codec: str | None = None
     quality: int | None = None
+    stored_as: str | None = None
     np_dtype: np.dtype = field(init=False, repr=False, compare=False)
     default_value: np.ndarray | None = field(init=False, repr=False, compare=False)
 
@@ -277,6 +280,11 @@ class FieldSpec:
         return f"{self.role}/{self.name}"
 
     @property
+    def array_key(self) -> str:
+        """The key the field's tensor arrays are stored under (``stored_as``, else its key)."""
+        return self.stored_as or self.key
+
+    @property
     def step_bytes(self) -> int:
         return self.np_dtype.itemsize * math.prod(self.shape) if self.np_dtype.kind != "U" else 0
 
@@ -352,6 +360,7 @@ class FieldSpec:
             **({"default": _default_to_json(self.default_value)} if self.default_value is not None else {}),
             **({"derived": True} if self.derived else {}),
             **({"codec": self.codec, "quality": self.quality} if self.codec is not None else {}),
+            **({"stored_as": self.stored_as} if self.stored_as is not None else {}),
         }
 
     @classmethod

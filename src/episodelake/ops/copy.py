@@ -118,12 +118,19 @@ def copy_to(
     return copy
 
 
-def _copy_derived(snap: Snapshot, positions: np.ndarray, out: Store) -> pa.Table | None:
-    """Declare ``snap``'s derived columns at ``out`` and write the values of the copied episodes; return them."""
+def _copy_derived(
+    snap: Snapshot, positions: np.ndarray, out: Store, new_ids: pa.ChunkedArray | None = None
+) -> pa.Table | None:
+    """Declare ``snap``'s derived columns at ``out`` and write the values of the copied episodes; return them.
+
+    ``new_ids``: the episodes' ids at ``out`` when they differ from the source's (a merge).
+    """
     if not snap.derived.fields:
         return None
     derived.declare(out, out.schema, snap.derived.fields)
     values = snap.derived_values().take(pa.array(positions))
+    if new_ids is not None:
+        values = values.set_column(values.schema.get_field_index("episode_id"), "episode_id", new_ids)
     columns = [values[f.key].combine_chunks() for f in snap.derived.fields]
     held = np.logical_or.reduce([c.is_valid().to_numpy(zero_copy_only=False) for c in columns])
     if held.any():
@@ -231,8 +238,10 @@ def _copy_tensor_rows(
     positions: np.ndarray,
     writers: Sequence[str],
     arrays: dict[tuple[str, str], TensorArray | FrameArray],
+    into: FieldSpec | None = None,
 ) -> tuple[pa.Array, list[np.ndarray]]:
-    """Append the episodes' rows of ``f`` to the destination's arrays; return their new refs and stored rows.
+    """Append the episodes' rows of ``f`` to the destination's arrays (of writers ``writers``, as field ``into``,
+    default ``f``); return their new refs and stored rows.
 
     The stored rows are what reads of the copy return: the source rows, or
     their decoded frames when ``f`` is lossy at the destination.
@@ -246,7 +255,7 @@ def _copy_tensor_rows(
         mine = [i for i, w in enumerate(writers) if w == writer]
         key = (writer, f.key)
         if key not in arrays:
-            arrays[key] = out.new_array(writer, f)
+            arrays[key] = out.new_array(writer, into or f)
         arr = arrays[key]
         lengths = np.array([len(values[i]) for i in mine], np.int64)
         block = np.concatenate([values[i] for i in mine])

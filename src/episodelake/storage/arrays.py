@@ -154,7 +154,7 @@ def _fill_value(dtype: np.dtype) -> Any:
 
 def array_parts(writer: str, field: FieldSpec, commit: int = 0) -> tuple[str, ...]:
     """Path parts of a writer's array of ``field``: its single array (commit 0) or one commit's array."""
-    return layout.array_parts(writer, field.key, commit)
+    return layout.array_parts(writer, field.array_key, commit)
 
 
 def array_exists(loc: Location, writer: str, field: FieldSpec, commit: int = 0) -> bool:

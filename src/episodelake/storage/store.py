@@ -8,7 +8,10 @@ presence marks a complete dataset, and checked at open.
 
 The table handle is pinned to one version; :meth:`Store.refresh` moves it to
 the latest unless the store was opened at a past version (``pinned``, always
-read-only). Whoever appends to the table calls :meth:`Store.committed`, which
+read-only). The schema is the pinned version's: the one a schema edit
+(``ds.columns.drop``/``rename``) recorded in that version's Delta schema
+(:data:`SCHEMA_KEY`, the metadata of the ``episode_id`` column), else the
+descriptor's (the schema at creation). Whoever appends to the table calls :meth:`Store.committed`, which
 tells the subscribers (:meth:`Store.on_commit`) that the version moved.
 """
 
@@ -51,6 +54,7 @@ from .table import EpisodeTable, arrow_schema, log_problems
 from .tensors import TensorArray, make_context
 
 FORMAT_VERSION = 1
+SCHEMA_KEY = b"episodelake.schema"  # field metadata of episode_id: the schema of a version after a schema edit
 DEFAULT_DISK_CACHE_BYTES = 10 << 30  # bound of a disk cache opened without cache_bytes
 
 
@@ -118,8 +122,10 @@ class Store:
     ) -> None:
         self.location = location
         self.descriptor = dict(descriptor)
-        self.schema = DatasetSchema.from_json(descriptor["schema"])
         self.table = table
+        self._recorded: bytes | None = None
+        self.schema = DatasetSchema.from_json(descriptor["schema"])
+        self.load_schema()
         self.read_only = read_only or pinned
         self.pinned = pinned
         self.context: ts.Context = make_context(durable=durable, cache_bytes=cache_bytes)
@@ -247,9 +253,22 @@ class Store:
         return self.table.version
 
     def refresh(self) -> None:
-        """Move to the latest committed version (nothing at a pinned past version)."""
+        """Move to the latest committed version (nothing at a pinned past version), and to its schema."""
         if not self.pinned:
+            before = self.table.version
             self.table.refresh()
+            if self.table.version != before:
+                self.load_schema()
+
+    def load_schema(self) -> None:
+        """Take the schema of the pinned table version: a schema edit's, else the descriptor's.
+
+        An unchanged schema keeps its object (writers compare by identity).
+        """
+        raw = (pa.schema(self.table.dt.schema().to_arrow()).field("episode_id").metadata or {}).get(SCHEMA_KEY)
+        if raw != self._recorded:
+            self._recorded = raw
+            self.schema = DatasetSchema.from_json(json.loads(raw) if raw is not None else self.descriptor["schema"])
 
     def checks(self) -> tuple[Check, ...]:
         """The quality checks recorded in the table version this store is on (:meth:`refresh` first for the latest)."""
@@ -274,11 +293,26 @@ class Store:
         return TensorArray.open(self.location, writer, field, self.context, read_only=read_only, commit=commit)
 
     def append(self, rows: pa.Table) -> int:
-        """Commit ``rows`` (call :meth:`committed` afterwards); with a capacity, evicting in the same commit."""
+        """Commit ``rows`` (call :meth:`committed` afterwards); with a capacity, evicting in the same commit.
+
+        Rows of the schema before a schema edit that landed meanwhile (another
+        process's) raise :class:`SchemaError` naming the version, and this
+        store moves to the new schema.
+        """
         evictor = self._evictor
-        if evictor is None:
-            return self.table.append(rows)
-        return self.table.commit(lambda: evictor.plan(self.table, rows), landed=evictor.committed)
+        try:
+            if evictor is None:
+                return self.table.append(rows)
+            return self.table.commit(lambda: evictor.plan(self.table, rows), landed=evictor.committed)
+        except Exception:
+            self.table.refresh()
+            self.load_schema()
+            if rows.schema.names != arrow_schema(self.schema).names:
+                raise SchemaError(
+                    f"dataset {self.location.url}: its schema was edited (version {self.version}) after these "
+                    f"episodes were recorded; they were not committed: reopen the dataset to write"
+                ) from None
+            raise
 
     def delete(self, ids: Sequence[int]) -> int:
         """Remove the episodes ``ids`` from the latest version in one commit (notifies); return the new version."""

@@ -232,6 +232,34 @@ class EpisodeTable:
 
         return self._commit(attempt, landed, token=lambda: token[0])
 
+    def rewrite(self, plan: Callable[[], pa.Table], operation: str) -> int:
+        """Replace every row and the table schema by ``plan()``'s, planned at the latest version, in one commit.
+
+        The schema edits (``DROP FIELDS``, ``RENAME FIELD``): an overwrite over
+        the whole table (predicate ``true``), so an append that lands first
+        conflicts and ``plan`` runs again at the version that won; the schema
+        and its field metadata are the new rows'. Returns the new version.
+        """
+        token = uuid.uuid4().hex
+
+        def attempt() -> None:
+            self.dt.update_incremental()
+            removed = self.dt.count()
+            rows = plan()
+            parts = self.dt.metadata().partition_columns or None
+            props = _props(operation, token, len(rows), removed)
+            write_deltalake(
+                self.dt,
+                rows,
+                mode="overwrite",
+                predicate="true",
+                schema_mode="overwrite",
+                partition_by=parts,
+                commit_properties=props,
+            )
+
+        return self._commit(attempt, token=token)
+
     def clear(self, schema: pa.Schema) -> int:
         """Remove every episode of the latest version in one commit; return the new version."""
         empty = schema.empty_table()
@@ -692,7 +720,8 @@ def named_commit(entry: dict[str, Any]) -> dict[str, Any]:
 
     Names: ``CREATE``, ``APPEND``, ``EVICT`` (episodes added, the oldest
     removed to fit the capacity), ``DELETE``, ``CLEAR``, ``TRIM``, ``SPLIT``,
-    ``SET META`` (edits: the edited episodes' rows replaced), ``COMPACT``,
+    ``SET META`` (edits: the edited episodes' rows replaced), ``DROP FIELDS``,
+    ``RENAME FIELD`` (schema edits: every row rewritten), ``COMPACT``,
     ``VACUUM START``/``VACUUM END``, ``ADD COLUMN`` and ``UPDATE`` (derived
     columns). ``episodes_added``/``episodes_removed`` count the episodes
     (None where the commit does not record them: commits of episodelake

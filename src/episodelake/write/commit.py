@@ -50,7 +50,7 @@ import numpy as np
 
 from ..core import lifecycle
 from ..core.episode import EpisodeBatch, FinishedEpisode, batch_of, concat_batches
-from ..core.errors import EpisodeLakeError, EpisodeStateError, StorageError, ValidationError
+from ..core.errors import EpisodeLakeError, EpisodeStateError, SchemaError, StorageError, ValidationError
 from ..core.schema import FieldSpec
 from ..core.summary import TASK_BYTES, run_inline, summarize
 from ..storage.arrays import array_parts
@@ -352,6 +352,12 @@ class CommitSink:
             raise err from exc  # the episodes stay pending: nothing of this commit is referenced
 
     def _write(self, batch: EpisodeBatch, where: list[str]) -> int:
+        if self.schema is not self.store.schema:  # a schema edit landed after these episodes were recorded
+            raise SchemaError(
+                f"dataset {self.store.location.url}: its fields were edited (version {self.store.version}) after "
+                f"these {len(batch)} episode(s) were recorded under the old fields; they cannot be committed: "
+                "flush(discard=True) drops them, new episodes use the new fields"
+            )
         # A copy: lossy fields replace their rows by the decoded frames, and a pending batch must keep
         # the originals for the next try when this commit fails.
         batch = dataclasses.replace(batch, data=dict(batch.data))
