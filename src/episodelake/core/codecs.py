@@ -13,6 +13,12 @@ Two kinds, chosen per field (:class:`~episodelake.schema.FieldSpec`):
   store and decoded here with ``imagecodecs`` (which releases the GIL, so a
   thread pool decodes frames in parallel). The codec entries are named
   ``imagecodecs_<codec>``; zarr-python reads them after :func:`register_zarr_codecs`.
+* **Exact image** ``codec`` (``"webp-lossless"``, ``"jpegxl-lossless"``), no
+  quality: the same one-image-per-inner-chunk path, lossless; reads return the
+  written frames bit for bit. Their encoder settings are fixed
+  (:data:`EXACT_SETTINGS`), chosen exact: libjxl 0.11.2 at effort 1 returned a
+  wrong pixel, so effort 1 is never used. Entries ``imagecodecs_webp_lossless``
+  and ``imagecodecs_jpegxl_lossless``.
 * **Video** ``codec`` (``"video:h264"``, ``"video:av1"``) with a ``quality``:
   one short closed GOP per inner chunk of ``chunk_rows`` consecutive frames
   (default :data:`VIDEO_GOP`), encoded with PyAV (libx264 / libsvtav1) in
@@ -49,9 +55,20 @@ LOSSLESS = ("zstd", *(f"blosc-{c}{s}" for c in BLOSC_NAMES for s in ("", "-bitsh
 IMAGE = ("jpeg", "webp", "avif")
 VIDEO = ("video:h264", "video:av1")
 LOSSY = (*IMAGE, *VIDEO)
+EXACT_IMAGE = ("webp-lossless", "jpegxl-lossless")
+FRAME_CODECS = (*LOSSY, *EXACT_IMAGE)  # every ``codec=``: stored by frames.FrameArray
+# encoder settings of the exact image codecs, fixed: each was checked exact over thousands of noisy, clean and
+# edge-valued frames (tests/test_image_codecs.py). WebP method 2 / level 50 stores 1.6% more than method 4
+# at 4x its encode speed; JPEG-XL effort 2 is smaller and faster than effort 3 on noisy frames
+# (benchmarks/bench_lossless.py)
+EXACT_SETTINGS: dict[str, dict[str, Any]] = {
+    "webp-lossless": {"method": 2, "level": 50},
+    "jpegxl-lossless": {"effort": 2},
+}
 DEFAULT_QUALITY = {"jpeg": 90, "webp": 90, "avif": 80, "video:h264": 60, "video:av1": 55}
 # channel counts each image codec stores (frames are H x W x C uint8)
 CHANNELS = {"jpeg": (1, 3), "webp": (3, 4), "avif": (1, 3, 4), "video:h264": (3,), "video:av1": (3,)}
+CHANNELS |= {"webp-lossless": (1, 3, 4), "jpegxl-lossless": (1, 3, 4)}  # webp-lossless: grey stored as R = G = B
 # Declared loss: the PSNR (dB) each codec keeps at least at a quality (first row whose threshold the quality
 # reaches) on rendered-like frames (smooth shading and flat objects, not noise) of at least 32 x 32 pixels.
 PSNR_FLOORS = {
@@ -102,10 +119,13 @@ def lossless_codecs(compression: str | None, itemsize: int) -> list[dict[str, An
     return [{"name": "blosc", "configuration": conf}]
 
 
-def check_lossy(codec: str, quality: int | None, shape: Sequence[int], layout: str | None, dtype: np.dtype) -> int:
-    """The quality to use for ``codec`` on frames of ``shape``; ``ValueError`` saying what does not fit."""
-    if codec not in LOSSY:
-        raise ValueError(f"codec must be one of {LOSSY}, got {codec!r}")
+def check_lossy(
+    codec: str, quality: int | None, shape: Sequence[int], layout: str | None, dtype: np.dtype
+) -> int | None:
+    """The quality to use for ``codec`` on frames of ``shape`` (None for an exact image codec, which takes
+    none); ``ValueError`` saying what does not fit."""
+    if codec not in FRAME_CODECS:
+        raise ValueError(f"codec must be one of {FRAME_CODECS}, got {codec!r}")
     if dtype != np.uint8:
         raise ValueError(f"codec {codec!r} stores uint8 images, the field is {dtype}")
     if len(shape) != 3 or layout not in ("HWC", "CHW"):
@@ -113,6 +133,10 @@ def check_lossy(codec: str, quality: int | None, shape: Sequence[int], layout: s
     channels = shape[layout.index("C")]
     if channels not in CHANNELS[codec]:
         raise ValueError(f"codec {codec!r} stores {CHANNELS[codec]} channels, the field has {channels}")
+    if codec in EXACT_IMAGE:
+        if quality is not None:
+            raise ValueError(f"codec {codec!r} is lossless and takes no quality, got quality={quality!r}")
+        return None
     q = DEFAULT_QUALITY[codec] if quality is None else quality
     if isinstance(q, bool) or not isinstance(q, int) or not 1 <= q <= 100:
         raise ValueError(f"quality must be an int in [1, 100], got {quality!r}")
@@ -137,9 +161,12 @@ def psnr(reference: np.ndarray, decoded: np.ndarray) -> float:
     return float("inf") if mse == 0 else 10 * float(np.log10(255.0**2 / mse))
 
 
-def lossy_codec(codec: str, quality: int, layout: str) -> dict[str, Any]:
-    """The Zarr v3 array-to-bytes codec entry of one lossy inner chunk (images: ``[1, *shape]``)."""
+def lossy_codec(codec: str, quality: int | None, layout: str) -> dict[str, Any]:
+    """The Zarr v3 array-to-bytes codec entry of one inner chunk of a ``codec=`` field (images: ``[1, *shape]``)."""
+    if codec in EXACT_IMAGE:
+        return {"name": _entry(codec), "configuration": {**EXACT_SETTINGS[codec], "layout": layout}}
     if codec in VIDEO:
+        assert quality is not None
         encoder, decoder = _VIDEO[codec][:2]
         conf = {"codec": codec[len("video:") :], "encoder": encoder, "decoder": decoder, "quality": quality}
         conf |= {"crf": crf(codec, quality), "pix_fmt": "yuv420p", "layout": layout, "format": "segments-v1"}
@@ -236,10 +263,21 @@ def _video_decoder(conf: dict[str, Any], chunk_shape: tuple[int, ...]) -> Callab
     return run
 
 
-def encode_frame(codec: str, quality: int, layout: str, frame: np.ndarray) -> bytes:
-    """One uint8 frame (in ``layout``) as ``codec`` bytes."""
+def _entry(codec: str) -> str:
+    """The Zarr codec entry name of image ``codec``."""
+    return "imagecodecs_" + codec.replace("-", "_")
+
+
+def encode_frame(codec: str, quality: int | None, layout: str, frame: np.ndarray) -> bytes:
+    """One uint8 frame (in ``layout``) as ``codec`` bytes (``quality``: None for the exact codecs)."""
     imagecodecs = optional("imagecodecs")
     hwc = np.ascontiguousarray(frame.transpose(1, 2, 0) if layout == "CHW" else frame)
+    if codec == "webp-lossless":
+        rgb = np.repeat(hwc, 3, axis=2) if hwc.shape[2] == 1 else hwc  # libwebp has no grey images
+        return bytes(imagecodecs.webp_encode(rgb, lossless=True, **EXACT_SETTINGS[codec]))
+    if codec == "jpegxl-lossless":
+        grey = hwc[:, :, 0] if hwc.shape[2] == 1 else hwc
+        return bytes(imagecodecs.jpegxl_encode(grey, lossless=True, numthreads=1, **EXACT_SETTINGS[codec]))
     if hwc.shape[2] == 1 and codec == "jpeg":
         hwc = hwc[:, :, 0]
     if codec == "jpeg":
@@ -254,14 +292,19 @@ def _image_decoder(codec: str, layout: str, shape: tuple[int, ...]) -> Callable[
     decoders: dict[str, Callable[..., np.ndarray]] = {
         "jpeg": imagecodecs.jpeg8_decode,
         "webp": imagecodecs.webp_decode,
-        "avif": imagecodecs.avif_decode,
+        "avif": partial(imagecodecs.avif_decode, numthreads=1),
+        "webp-lossless": imagecodecs.webp_decode,
+        "jpegxl-lossless": partial(imagecodecs.jpegxl_decode, numthreads=1),
     }
     decode = decoders[codec]
+    channels = shape[-1] if layout == "HWC" else shape[1]
 
     def run(blob: bytes) -> np.ndarray:
-        img = decode(blob) if codec != "avif" else decode(blob, numthreads=1)
+        img = decode(blob)
         if img.ndim == 2:
             img = img[:, :, None]
+        elif channels == 1 and img.shape[2] > 1:  # a grey frame stored as RGB (webp-lossless)
+            img = img[:, :, :1]
         return img.transpose(2, 0, 1) if layout == "CHW" else img
 
     return run
@@ -290,7 +333,10 @@ def chunk_decoder(
         return chunk
     if len(names) == 1 and str(names[0]).startswith("imagecodecs_"):
         conf = codecs[0].get("configuration") or {}
-        image = _image_decoder(str(names[0])[len("imagecodecs_") :], conf.get("layout", "HWC"), chunk_shape)
+        codec = next((c for c in (*IMAGE, *EXACT_IMAGE) if _entry(c) == names[0]), None)
+        if codec is None:
+            raise ValueError(f"codecs {names} are not episodelake's")
+        image = _image_decoder(codec, conf.get("layout", "HWC"), chunk_shape)
 
         def lossy(blob: bytes) -> np.ndarray:
             try:
@@ -395,8 +441,8 @@ lifecycle.after_fork("codecs", _reset_after_fork)
 
 
 def register_zarr_codecs() -> None:
-    """Register the lossy frame and video codecs with zarr-python 3 so ``zarr.open_array`` reads episodelake's
-    lossy arrays.
+    """Register the frame codecs (lossy and exact images, video) with zarr-python 3 so ``zarr.open_array``
+    reads episodelake's ``codec=`` arrays.
 
     Requires ``zarr>=3``; reading only (zarr-python cannot write them).
     """
@@ -406,56 +452,29 @@ def register_zarr_codecs() -> None:
     from zarr.core.buffer import default_buffer_prototype
     from zarr.registry import register_codec
 
-    for codec in IMAGE:
+    for entry in [*(_entry(c) for c in (*IMAGE, *EXACT_IMAGE)), "episodelake_video"]:
 
         @dataclass(frozen=True)
-        class _Frame(ArrayBytesCodec):
-            quality: int = 0
-            layout: str = "HWC"
-            name = f"imagecodecs_{codec}"
+        class _Frames(ArrayBytesCodec):
+            configuration: tuple[tuple[str, Any], ...] = ()
+            name = entry
             is_fixed_size = False
 
             @classmethod
             def from_dict(cls, data: dict[str, Any]) -> Any:
-                return cls(**(data.get("configuration") or {}))
+                return cls(tuple(sorted((data.get("configuration") or {}).items())))
 
             def to_dict(self) -> dict[str, Any]:
-                return {"name": self.name, "configuration": {"quality": self.quality, "layout": self.layout}}
+                return {"name": self.name, "configuration": dict(self.configuration)}
 
             async def _decode_single(self, chunk_bytes: Any, chunk_spec: Any) -> Any:
                 decode = chunk_decoder([self.to_dict()], tuple(chunk_spec.shape), np.dtype("uint8"))
-                frame = decode(chunk_bytes.to_bytes())
-                return default_buffer_prototype().nd_buffer.from_numpy_array(frame)
+                return default_buffer_prototype().nd_buffer.from_numpy_array(decode(chunk_bytes.to_bytes()))
 
             async def _encode_single(self, chunk_array: Any, chunk_spec: Any) -> Any:
-                raise NotImplementedError("episodelake writes lossy arrays itself")
+                raise NotImplementedError("episodelake writes frame arrays itself")
 
             def compute_encoded_size(self, input_byte_length: int, chunk_spec: Any) -> int:
                 raise NotImplementedError
 
-        register_codec(f"imagecodecs_{codec}", _Frame)
-
-    @dataclass(frozen=True)
-    class _Video(ArrayBytesCodec):
-        configuration: tuple[tuple[str, Any], ...] = ()
-        name = "episodelake_video"
-        is_fixed_size = False
-
-        @classmethod
-        def from_dict(cls, data: dict[str, Any]) -> Any:
-            return cls(tuple(sorted((data.get("configuration") or {}).items())))
-
-        def to_dict(self) -> dict[str, Any]:
-            return {"name": self.name, "configuration": dict(self.configuration)}
-
-        async def _decode_single(self, chunk_bytes: Any, chunk_spec: Any) -> Any:
-            decode = chunk_decoder([self.to_dict()], tuple(chunk_spec.shape), np.dtype("uint8"))
-            return default_buffer_prototype().nd_buffer.from_numpy_array(decode(chunk_bytes.to_bytes()))
-
-        async def _encode_single(self, chunk_array: Any, chunk_spec: Any) -> Any:
-            raise NotImplementedError("episodelake writes video arrays itself")
-
-        def compute_encoded_size(self, input_byte_length: int, chunk_spec: Any) -> int:
-            raise NotImplementedError
-
-    register_codec("episodelake_video", _Video)
+        register_codec(entry, _Frames)

@@ -161,6 +161,9 @@ class FieldSpec:
             at least 8 x 8 pixels; one closed GOP per chunk of ``chunk_rows``
             frames, default 16); implies tensor storage; no ``compression``
             with it. Reads, checksums and statistics see the decoded frames.
+            Or an exact image codec, ``"webp-lossless"`` / ``"jpegxl-lossless"``
+            (1, 3 or 4 channels; no ``quality``): the same per-frame storage,
+            reads return the written frames exactly.
         quality: the codec's quality, 1..100 (default per codec: jpeg 90,
             webp 90, avif 80, video:h264 60, video:av1 55; video maps it to
             crf ``round((100 - quality) * max_crf / 99)``, max_crf 51 for
@@ -269,7 +272,12 @@ class FieldSpec:
 
     @property
     def lossy(self) -> bool:
-        """True when reads return decoded lossy frames (``codec`` set), not the written values."""
+        """True when reads return decoded lossy frames (a lossy ``codec``), not the written values."""
+        return self.codec in codecs.LOSSY
+
+    @property
+    def framed(self) -> bool:
+        """True when ``codec`` is set: frames stored one image (or GOP) per inner chunk (``storage.frames``)."""
         return self.codec is not None
 
     @property

@@ -247,7 +247,8 @@ def _copy_tensor_rows(
     their decoded frames when ``f`` is lossy at the destination.
     """
     lengths = rows_for(f, snap.lengths[positions])
-    values = snap.read_ranges(f, positions.tolist(), [0] * len(positions), lengths.tolist())
+    # read as stored at the source: a field given another codec is read with its source codec's reader
+    values = snap.read_ranges(snap.schema[f.key], positions.tolist(), [0] * len(positions), lengths.tolist())
     refs = np.empty(len(positions), np.int64)
     stored: list[np.ndarray] = list(values)
     futures = []

@@ -570,7 +570,7 @@ class Snapshot:
             missing = list(dict.fromkeys(a for a in arrays if (*a, f.key) not in self._arrays))
             # object stores: planned, coalesced byte ranges through the read cache; compressed chunks decode in a
             # thread pool into the decoded-chunk cache (codecs.ChunkCache)
-            if not engine_usable() or f.lossy or f.compression is not None or not self.loc.is_local:
+            if not engine_usable() or f.framed or f.compression is not None or not self.loc.is_local:
                 opened: list[TensorArray | PlainArray] = list(
                     PlainArray.open_many(self.loc, missing, f) if missing else []
                 )

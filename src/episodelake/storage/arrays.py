@@ -102,7 +102,7 @@ def zarr_metadata(field: FieldSpec, sharded: bool, rows: int = 0, fit: bool = Fa
     ``rows_per_chunk`` frames per shard.
     """
     chunk_rows = field.rows_per_chunk
-    if fit and rows and not field.lossy:
+    if fit and rows and not field.framed:
         chunk_rows = -(-rows // -(-rows // chunk_rows))  # ceil(rows / fewest chunks)
     elif fit:
         chunk_rows = min(chunk_rows, max(1, rows))
@@ -112,8 +112,8 @@ def zarr_metadata(field: FieldSpec, sharded: bool, rows: int = 0, fit: bool = Fa
     inner += codecs.lossless_codecs(field.compression, field.np_dtype.itemsize)
     chunk = [chunk_rows, *field.shape]
     per_shard = min(SHARD_CHUNKS, max(1, -(-rows // chunk_rows))) if rows else SHARD_CHUNKS
-    if field.lossy:  # see frames.FrameArray
-        assert field.codec is not None and field.quality is not None and field.layout is not None
+    if field.framed:  # see frames.FrameArray
+        assert field.codec is not None and field.layout is not None
         inner = [codecs.lossy_codec(field.codec, field.quality, field.layout)]
         if field.codec in codecs.VIDEO:  # one GOP of rows_per_chunk frames per inner chunk
             gop = field.rows_per_chunk

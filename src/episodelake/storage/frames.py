@@ -1,4 +1,5 @@
-"""Arrays of lossy camera frames (``FieldSpec(codec="jpeg" | "webp" | "avif" | "video:h264" | "video:av1")``).
+"""Arrays of camera frames stored per image or GOP (``FieldSpec(codec=...)``: ``"jpeg"``, ``"webp"``,
+``"avif"``, ``"video:h264"``, ``"video:av1"``, and the exact ``"webp-lossless"``, ``"jpegxl-lossless"``).
 
 Same Zarr v3 layout as every tensor array (:func:`arrays.zarr_metadata`):
 shape ``[rows, *shape]``, ``sharding_indexed`` shards of inner chunks. An
@@ -40,7 +41,7 @@ from .tensors import Writes, await_op
 
 
 class FrameArray(PlainArray):
-    """A writer's lossy frames of one field: written here, read as a :class:`PlainArray`."""
+    """A writer's frames of one ``codec=`` field: written here, read as a :class:`PlainArray`."""
 
     def __init__(self, loc: Location, writer: str, field: FieldSpec, context: ts.Context, commit: int = 0) -> None:
         """Open an existing array (``commit`` 0: the writer's single array) for reading, appending or shrinking."""
@@ -117,12 +118,13 @@ class FrameArray(PlainArray):
     def encode(self, row: int, block: np.ndarray) -> list[bytes]:
         """Frames ``block``, to be written at ``row``, compressed per piece of :meth:`_pieces` (in the pool)."""
         f = self.field
-        assert f.codec is not None and f.quality is not None and f.layout is not None
+        assert f.codec is not None and f.layout is not None
         codec, quality, layout_, R = f.codec, f.quality, f.layout, self._gop()
 
         def one(piece: tuple[int, int, int]) -> bytes:
             c, lo, hi = piece
             if codec in codecs.VIDEO:
+                assert quality is not None
                 return codecs.encode_segment(codec, quality, layout_, lo - c * R, block[lo - row : hi - row])
             return codecs.encode_frame(codec, quality, layout_, block[lo - row])
 
@@ -131,10 +133,14 @@ class FrameArray(PlainArray):
     def round_trip(self, block: np.ndarray) -> np.ndarray:
         """``block`` as reads will return it once written by the next :meth:`reserve` + :meth:`write` (encoded,
         then decoded); writing the returned array next reuses the encoding (re-encoding decoded frames would
-        store other bytes). Checksums and statistics are computed on this."""
+        store other bytes). Checksums and statistics are computed on this. An exact codec returns ``block``
+        itself, encoded but not decoded: reads return it bit for bit."""
         f = self.field
-        assert f.codec is not None and f.quality is not None and f.layout is not None
+        assert f.codec is not None and f.layout is not None
         R, row = self._gop(), self._next_row()
+        if not f.lossy:
+            self._encoded = (block, row, self.encode(row, block))
+            return block
         chain = [codecs.lossy_codec(f.codec, f.quality, f.layout)]
         decode = codecs.chunk_decoder(chain, (R, *f.shape), f.np_dtype)
         pieces = self._pieces(row, len(block))

@@ -279,16 +279,16 @@ class Store:
         return set(self.table.read(["writer"]).column("writer").to_pylist())
 
     def new_array(self, writer: str, field: FieldSpec) -> TensorArray | FrameArray:
-        """The writing side of ``writer``'s rows of ``field`` (see :meth:`TensorArray.create`; lossy fields:
+        """The writing side of ``writer``'s rows of ``field`` (see :meth:`TensorArray.create`; ``codec=`` fields:
         :class:`FrameArray`)."""
-        kind = FrameArray if field.lossy else TensorArray
+        kind = FrameArray if field.framed else TensorArray
         return kind.create(self.location, writer, field, self.context, per_commit=self.per_commit)
 
     def open_array(
         self, writer: str, field: FieldSpec, commit: int = 0, read_only: bool = True
     ) -> TensorArray | FrameArray:
         """One existing array of ``writer``'s rows of ``field`` (``commit`` 0: its single array)."""
-        if field.lossy:
+        if field.framed:
             return FrameArray(self.location, writer, field, self.context, commit)
         return TensorArray.open(self.location, writer, field, self.context, read_only=read_only, commit=commit)
 
