@@ -29,6 +29,8 @@ from ..core.mappings import from_mapping
 from .table import MIN_RETENTION_HOURS, EpisodeTable
 
 ORDER_COLUMNS = ["created_at", "episode_id", "length"]
+FILE_SHARES = 16  # a full buffer spans at least this many table files: an eviction rewrites one of them
+MIN_SHARE = 1024  # episodes or steps: below this a bulk import is not split for the sake of evictions
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,20 @@ class Capacity:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+    def file_share(self) -> tuple[int | None, int | None]:
+        """The most (episodes, steps) one table commit of many episodes should hold (None: no bound).
+
+        An eviction rewrites the table file holding the oldest episodes
+        without them (:meth:`EpisodeTable.commit`); a bulk import that filled
+        the buffer in one file would make every eviction rewrite the whole
+        table. Files of at most 1/:data:`FILE_SHARES` of the capacity (but
+        never fewer than :data:`MIN_SHARE` episodes or steps: a small buffer's
+        import stays one commit) keep each eviction's rewrite that small.
+        """
+        episodes = None if self.episodes is None else max(MIN_SHARE, self.episodes // FILE_SHARES)
+        steps = None if self.steps is None else max(MIN_SHARE, self.steps // FILE_SHARES)
+        return episodes, steps
 
 
 def evict_count(lengths: np.ndarray, capacity: Capacity) -> int:

@@ -49,7 +49,7 @@ from .diskcache import CacheConfig
 from .faults import storage_fault
 from .frames import FrameArray
 from .location import Location
-from .retention import Capacity, Evictor
+from .retention import FILE_SHARES, Capacity, Evictor
 from .table import EpisodeTable, arrow_schema, log_problems
 from .tensors import TensorArray, make_context
 
@@ -133,6 +133,8 @@ class Store:
         capacity = descriptor.get("capacity")
         self.capacity = Capacity.from_json(capacity) if capacity else None
         self._evictor = Evictor(self.capacity) if self.capacity else None
+        if self.capacity:
+            self.table.file_shares = FILE_SHARES
         # One array per commit (dropped whole by vacuum once unreferenced): object stores and capacity datasets.
         self.per_commit: bool = descriptor["tensor_layout"].get("per_commit", not location.is_local)
 

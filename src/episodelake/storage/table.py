@@ -40,6 +40,7 @@ from .faults import quiet_panics, storage_fault
 from .location import Location
 
 COMPACT_EVERY = 64  # commits between automatic compactions + checkpoints
+MIN_FILE_BYTES = 1 << 16  # a capacity dataset's compaction merges files up to at least this size
 COMMIT_RETRIES = 20
 COMPACT_LOCK_STALE_S = 600.0
 LOG_READ_TRIES = 2  # reads of the log deciding whether a commit already landed (each within the deadline)
@@ -95,6 +96,7 @@ class EpisodeTable:
     def __init__(self, loc: Location, dt: DeltaTable) -> None:
         self.loc = loc
         self.dt = dt
+        self.file_shares = 1  # compaction keeps files below 1/file_shares of the table (capacity datasets: 16)
         self._commits_since_compact = 0
         self._compactor: threading.Thread | None = None
         self._checkpoint_stamp = (-1, -1)  # (mtime, version) of the last _last_checkpoint read
@@ -393,7 +395,7 @@ class EpisodeTable:
         loc = self.loc
         try:
             dt = DeltaTable(loc.delta_uri(), storage_options=loc.delta_options())
-            compact_table(loc, dt)
+            compact_table(loc, dt, self.file_shares)
         except Exception as exc:
             if os.path.isdir(loc.child(*layout.log_parts())):  # else the dataset was removed meanwhile
                 err = exc if isinstance(exc, EpisodeLakeError) else table_error(exc, loc, "background compaction")
@@ -427,7 +429,7 @@ class EpisodeTable:
         failed, self._compaction_error = self._compaction_error, None
         if failed is not None:
             raise failed
-        compact_table(self.loc, self.dt)
+        compact_table(self.loc, self.dt, self.file_shares)
         self.dt.update_incremental()
         self._commits_since_compact = 0
 
@@ -630,8 +632,17 @@ def log_problems(loc: Location) -> list[tuple[str, str]]:
     return out
 
 
-def compact_table(loc: Location, dt: DeltaTable) -> None:
+def _table_bytes(dt: DeltaTable) -> int:
+    """The bytes of the table files of ``dt``'s version."""
+    return int(pa.table(dt.get_add_actions(flatten=True)).column("size_bytes").to_numpy().sum())
+
+
+def compact_table(loc: Location, dt: DeltaTable, shares: int = 1) -> None:
     """Merge small files of the latest version and write a checkpoint, through the handle ``dt``.
+
+    With ``shares`` > 1 (capacity datasets) merged files stay below
+    1/``shares`` of the table's bytes, so that an eviction, which rewrites
+    the file holding the oldest episodes, rewrites a small file.
 
     deltalake lets two compactions of the same files both commit (their
     removes carry dataChange=false, which its conflict checker accepts),
@@ -651,7 +662,9 @@ def compact_table(loc: Location, dt: DeltaTable) -> None:
         for n in range(COMMIT_RETRIES):
             try:
                 dt.update_incremental()
-                dt.optimize.compact(commit_properties=CommitProperties(custom_metadata={OPERATION_KEY: "COMPACT"}))
+                target = None if shares == 1 else max(MIN_FILE_BYTES, _table_bytes(dt) // shares)
+                props = CommitProperties(custom_metadata={OPERATION_KEY: "COMPACT"})
+                dt.optimize.compact(target_size=target, commit_properties=props)
                 break
             except CommitFailedError as exc:
                 if n == COMMIT_RETRIES - 1:

@@ -5,7 +5,9 @@ Contracts (the promises of docs/writing.md, "Bulk writes"):
 * A bulk call (:meth:`Dataset.append_episodes`, :meth:`Dataset.from_episodes`,
   the importers) makes one table commit per batch of :data:`BULK_EPISODES`
   episodes, or fewer when their bytes reach the writer's ``commit_bytes``
-  (the batch closes with the episode that reaches it). Finished episodes
+  or, on a capacity dataset, their steps or episodes reach 1/16 of the
+  capacity (at least 1,024: ``Capacity.file_share``, so an eviction rewrites
+  a small table file); the batch closes with the episode that reaches it. Finished episodes
   already pending join the first commit. The rest after the last full batch
   is treated like finished step episodes: committed at once when, with the
   pending ones, it fires a trigger (``commit_episodes``, ``commit_bytes``,
@@ -18,6 +20,9 @@ Contracts (the promises of docs/writing.md, "Bulk writes"):
   the call committed before it stay, the rest of the call is not written, the
   episodes pending before the call stay pending.
 * A killed process leaves only whole committed batches.
+* Each validated batch passes the quality gate (:mod:`.gate`) before it is
+  added: a rejected episode is refused like an invalid one (QualityError,
+  a ValidationError, naming its index in the call).
 
 Dicts are read in groups of up to :data:`GROUP_EPISODES`: each episode's
 arrays are only collected (plain episodes) and the group is validated as
@@ -28,16 +33,18 @@ first bad episode exactly as :func:`checks.episode_from_dict` words it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeGuard
 
 import numpy as np
 
 from ..core.checks import batch_from_columns, episode_from_dict
+from ..core.constraints import check_constraints
 from ..core.episode import EpisodeBatch, FinishedEpisode, batch_of, concat_batches, concat_rows, rows_for
 from ..core.errors import ArgumentError, ValidationError
 from ..core.schema import EPISODE_KEYS, DatasetSchema
 from .commit import CommitSink
+from .gate import admit, gated
 
 BULK_EPISODES = 100_000
 GROUP_EPISODES = 4096  # dict episodes validated per vectorized pass
@@ -49,15 +56,26 @@ def append(sink: CommitSink, episodes: Iterable[Mapping[str, Any]] | Mapping[str
     """Validate and write episodes in bulk (dicts, or columns with ``lengths``); returns how many."""
     with sink.lock:  # a read in another thread must not commit part of a batch
         batches = _Batches(sink)
+        gate = gated(sink.store)
         for batch in _validated(sink.schema, episodes, lengths, sink.commit_bytes):
-            batches.add(batch)
+            batches.add(admit(sink.store, batch, _numbered(batches.seen)) if gate else batch)
         batches.finish()
         return batches.seen
 
 
 def check(schema: DatasetSchema, episodes: Iterable[Mapping[str, Any]] | Mapping[str, Any], lengths: Any = None) -> int:
-    """Validate episodes exactly as :func:`append` does and write nothing; returns how many it would append."""
-    return sum(len(batch) for batch in _validated(schema, episodes, lengths, CHECK_GROUP_BYTES))
+    """Validate episodes as :func:`append` does (the schema's constraints too, not the stored checks) and write
+    nothing; returns how many it would append."""
+    seen = 0
+    for batch in _validated(schema, episodes, lengths, CHECK_GROUP_BYTES):
+        check_constraints(schema, batch, _numbered(seen))
+        seen += len(batch)
+    return seen
+
+
+def _numbered(first: int) -> Callable[[int], str]:
+    """Names episode ``i`` of a batch whose first episode is the call's ``first``: ``"episode <first + i>"``."""
+    return lambda i: f"episode {first + i}"
 
 
 def _validated(
@@ -75,7 +93,12 @@ def _validated(
 
 
 class _Batches:
-    """Validated episodes on their way to commits of at most ``BULK_EPISODES`` episodes / ``commit_bytes``."""
+    """Validated episodes on their way to commits of at most ``BULK_EPISODES`` episodes / ``commit_bytes``.
+
+    On a capacity dataset a commit also holds at most the capacity's
+    :meth:`~episodelake.storage.retention.Capacity.file_share` of episodes
+    and steps, so that an eviction rewrites a small table file.
+    """
 
     def __init__(self, sink: CommitSink) -> None:
         self.sink = sink
@@ -83,28 +106,37 @@ class _Batches:
         self.parts: list[EpisodeBatch] = []
         self.count = 0
         self.nbytes = 0
+        self.steps = 0
         self.seen = 0
+        capacity = sink.store.capacity
+        episodes, steps = capacity.file_share() if capacity is not None else (None, None)
+        self.max_episodes = BULK_EPISODES if episodes is None else min(episodes, BULK_EPISODES)
+        self.max_steps = steps
 
     def add(self, batch: EpisodeBatch) -> None:
         """Take ``batch``; commit each batch that reaches a bound, closing it at the episode that does."""
         self.seen += len(batch)
         sizes = sum((batch.row_starts(f)[1:] - batch.row_starts(f)[:-1]) * f.step_bytes for f in self.fields)
         total = np.cumsum(np.asarray(sizes, dtype=np.int64) + np.zeros(len(batch), dtype=np.int64))
+        steps = np.cumsum(batch.lengths, dtype=np.int64)
         a = 0
         while a < len(batch):
-            before = int(total[a - 1]) if a else 0
-            reach = int(np.searchsorted(total, before + self.sink.commit_bytes - self.nbytes, side="left")) + 1
-            b = min(reach, a + BULK_EPISODES - self.count, len(batch))
+            room = self.sink.commit_bytes - self.nbytes
+            b = min(_reach(total, a, room), a + self.max_episodes - self.count, len(batch))
+            if self.max_steps is not None:
+                b = min(b, _reach(steps, a, self.max_steps - self.steps))
             self.parts.append(batch.take(self.fields, a, b))
             self.count += b - a
-            self.nbytes += int(total[b - 1]) - before
-            if self.count >= BULK_EPISODES or self.nbytes >= self.sink.commit_bytes:
+            self.nbytes += int(total[b - 1]) - (int(total[a - 1]) if a else 0)
+            self.steps += int(steps[b - 1]) - (int(steps[a - 1]) if a else 0)
+            full = self.max_steps is not None and self.steps >= self.max_steps
+            if full or self.count >= self.max_episodes or self.nbytes >= self.sink.commit_bytes:
                 self._commit()
             a = b
 
     def _commit(self) -> None:
         self.sink.commit_batch(concat_batches(self.sink.schema, self.parts))
-        self.parts, self.count, self.nbytes = [], 0, 0
+        self.parts, self.count, self.nbytes, self.steps = [], 0, 0, 0
 
     def finish(self) -> None:
         """The rest: committed now if it fires a trigger with the pending episodes, else queued behind them."""
@@ -115,6 +147,12 @@ class _Batches:
         else:
             self.sink.submit_many(concat_batches(self.sink.schema, self.parts))
             self.parts = []
+
+
+def _reach(total: np.ndarray, a: int, room: int) -> int:
+    """The end of the run of episodes from ``a`` whose ``total`` (a running sum) first reaches ``room`` more."""
+    before = int(total[a - 1]) if a else 0
+    return int(np.searchsorted(total, before + room, side="left")) + 1
 
 
 def _groups(schema: DatasetSchema, episodes: Iterable[Mapping[str, Any]], group_bytes: int) -> Iterator[EpisodeBatch]:
