@@ -101,6 +101,21 @@ def test_every_frame_round_trips_bit_exactly(codec, kind, h, w, channels, layout
     np.testing.assert_array_equal(got, frame)
 
 
+@pytest.mark.parametrize("codec", ["webp", "webp-lossless"])
+def test_an_opaque_rgba_frame_keeps_its_alpha_channel(codec):
+    """libwebp stores no alpha when every pixel is opaque; the frame still decodes to 4 channels."""
+    frame = rendered(np.random.default_rng(8), 1, 16, 12, 4)[0]
+    frame[:, :, 3] = 255
+    quality = None if codec == "webp-lossless" else 90
+    blob = codecs.encode_frame(codec, quality, "HWC", frame)
+    chain = [codecs.lossy_codec(codec, quality, "HWC")]
+    got = codecs.chunk_decoder(chain, (1, *frame.shape), np.dtype("uint8"))(blob)[0]
+    assert got.shape == frame.shape
+    np.testing.assert_array_equal(got[:, :, 3], frame[:, :, 3])
+    if quality is None:
+        np.testing.assert_array_equal(got, frame)
+
+
 def exact_over(codec: str, n: int, size: int, seed: int) -> None:
     rng = np.random.default_rng(seed)
     for sigma in (0.0, 0.7, 1.0):  # clean, then σ=0.7 and σ=1 sensor noise

@@ -296,8 +296,10 @@ def _image_decoder(codec: str, layout: str, shape: tuple[int, ...]) -> Callable[
         "webp-lossless": imagecodecs.webp_decode,
         "jpegxl-lossless": partial(imagecodecs.jpegxl_decode, numthreads=1),
     }
-    decode = decoders[codec]
     channels = shape[-1] if layout == "HWC" else shape[1]
+    decode = decoders[codec]
+    if codec.startswith("webp") and channels == 4:  # libwebp drops an all-opaque alpha channel: ask for it back
+        decode = partial(imagecodecs.webp_decode, hasalpha=True)
 
     def run(blob: bytes) -> np.ndarray:
         img = decode(blob)
