@@ -66,6 +66,9 @@ class EpisodeBatch:
     ``data[key]`` holds every episode's rows of that field, episode after
     episode (``rows_for(field, lengths)`` rows each); ``meta[name]`` is
     ``(values, valid)``: one value per episode and a mask (False: NULL).
+    ``failed``: per episode, the names of the quarantine and warn checks it
+    failed at its commit-time gate, and whether one was a quarantine check
+    (None: no episode failed one).
     Sub-batches (:meth:`take`) are views, not copies.
     """
 
@@ -75,6 +78,7 @@ class EpisodeBatch:
     truncated: np.ndarray  # bool [n]
     meta: dict[str, tuple[np.ndarray, np.ndarray]]
     created_at: np.ndarray  # datetime64[us] [n], UTC
+    failed: tuple[tuple[tuple[str, ...], bool], ...] | None = None  # per episode: (failed checks, quarantined)
 
     def __len__(self) -> int:
         return len(self.lengths)
@@ -102,6 +106,7 @@ class EpisodeBatch:
             self.truncated[a:b],
             {k: (v[a:b], ok[a:b]) for k, (v, ok) in self.meta.items()},
             self.created_at[a:b],
+            None if self.failed is None else self.failed[a:b],
         )
 
 
@@ -168,4 +173,7 @@ def concat_batches(schema: DatasetSchema, batches: Sequence[EpisodeBatch]) -> Ep
             for f in schema.meta_fields
         },
         np.concatenate([b.created_at for b in batches]),
+        None
+        if all(b.failed is None for b in batches)
+        else tuple(item for b in batches for item in (b.failed or (((), False),) * len(b))),
     )

@@ -22,6 +22,20 @@ class ValidationError(EpisodeLakeError, ValueError):
     """
 
 
+class QualityError(ValidationError):
+    """An episode failed a quality gate at commit: a ``FieldSpec`` constraint or a ``reject`` check; nothing of it
+    was stored.
+
+    The message names the episode, the field or check and the first failing step; ``check`` (the constraint,
+    ``"<field key>: min"``, or the check's name), ``episode`` (the episode's index in the call that finished
+    it) and ``step`` (None for an episode-level check or a meta field) say the same for code.
+    """
+
+    def __init__(self, message: str, check: str = "", episode: int = 0, step: int | None = None) -> None:
+        super().__init__(message)
+        self.check, self.episode, self.step = check, episode, step
+
+
 class ArgumentError(ValidationError):
     """A call's argument is wrong (a non-positive length, an unknown option, a malformed state); not data."""
 

@@ -150,6 +150,15 @@ class FieldSpec:
             per-channel statistics.
         storage: ``"auto"`` (table up to 1 KiB per step), ``"table"`` or ``"tensor"``.
         finite: reject NaN and infinity on write.
+        min, max: quality constraints, element-wise: every value ``>= min``
+            / ``<= max`` (a NaN fails both). ``monotonic``: ``"increasing"``
+            (each row greater than the one before, element-wise, within an
+            episode) or ``"nondecreasing"`` (greater or equal): for
+            time-like step fields. ``max_repeat``: at most ``k`` identical
+            consecutive rows (bit for bit) within an episode: a frozen
+            camera or sensor. Numeric fields only; ``min``/``max`` also on
+            meta fields (NULL passes). A violation rejects the episode with
+            :class:`QualityError` (``core.constraints``).
         chunk_rows: rows per Zarr chunk for tensor fields (default: ~1 MiB chunks).
         compression: lossless compression of tensor fields: ``None`` (raw
             bytes), ``"zstd"`` or Blosc ``"blosc-lz4"``, ``"blosc-zstd"``,
@@ -204,6 +213,10 @@ class FieldSpec:
     codec: str | None = None
     quality: int | None = None
     stored_as: str | None = None
+    min: float | None = None
+    max: float | None = None
+    monotonic: str | None = None
+    max_repeat: int | None = None
     np_dtype: np.dtype = field(init=False, repr=False, compare=False)
     default_value: np.ndarray | None = field(init=False, repr=False, compare=False)
 
@@ -249,6 +262,7 @@ class FieldSpec:
                 f"derived field {self.name!r}: derived columns live in the table (no storage='tensor') "
                 "and are never required"
             )
+        _check_constraints(self)
         value = None if self.default is None else _check_default(self)
         object.__setattr__(self, "default_value", value)
         if value is not None:
@@ -368,6 +382,7 @@ class FieldSpec:
             **({"default": _default_to_json(self.default_value)} if self.default_value is not None else {}),
             **({"derived": True} if self.derived else {}),
             **({"codec": self.codec, "quality": self.quality} if self.codec is not None else {}),
+            **{k: getattr(self, k) for k in CONSTRAINTS if getattr(self, k) is not None},
             **({"stored_as": self.stored_as} if self.stored_as is not None else {}),
         }
 
@@ -377,6 +392,35 @@ class FieldSpec:
         if "default" in obj:
             spec["default"] = _default_from_json(obj["default"], normalize_dtype(obj["dtype"]))
         return cls(**spec)
+
+
+CONSTRAINTS = ("min", "max", "monotonic", "max_repeat")  # FieldSpec's quality constraints (core.constraints)
+MONOTONIC = ("increasing", "nondecreasing")
+
+
+def _check_constraints(f: FieldSpec) -> None:
+    """Validate ``f``'s quality constraints (SchemaError naming the field); store min/max as floats."""
+    given = [k for k in CONSTRAINTS if getattr(f, k) is not None]
+    if not given:
+        return
+    if f.np_dtype.kind not in "biuf":
+        raise SchemaError(f"field {f.name!r}: constraints {given} need a real numeric or bool dtype, not {f.dtype}")
+    if f.role == "meta" and (f.monotonic is not None or f.max_repeat is not None):
+        raise SchemaError(f"meta field {f.name!r}: monotonic and max_repeat are for step fields")
+    for bound in ("min", "max"):
+        value = getattr(f, bound)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating) or value != value:
+            raise SchemaError(f"field {f.name!r}: {bound} must be a number, got {value!r}")
+        object.__setattr__(f, bound, float(value))
+    if f.min is not None and f.max is not None and f.min > f.max:
+        raise SchemaError(f"field {f.name!r}: min {f.min} is above max {f.max}")
+    if f.monotonic is not None and f.monotonic not in MONOTONIC:
+        raise SchemaError(f"field {f.name!r}: monotonic must be one of {MONOTONIC}, got {f.monotonic!r}")
+    k = f.max_repeat
+    if k is not None and (isinstance(k, bool) or not isinstance(k, int | np.integer) or k < 1):
+        raise SchemaError(f"field {f.name!r}: max_repeat must be an int >= 1, got {k!r}")
 
 
 def _check_default(f: FieldSpec) -> np.ndarray:

@@ -66,16 +66,10 @@ from ..core.errors import ArgumentError, CorruptionError, EpisodeLakeError, Quer
 from ..core.schema import FieldSpec
 from ..core.stats import STAT_PARTS, StatsTable, stat_column, stat_fields, value_moments, values_moments
 from ..storage.faults import storage_fault
+from ..storage.sql import connect, quote, sql_template, steps_columns
 from ..storage.table import EpisodeTable
 from .collection import EpisodeCollection, subset
 from .snapshot import Snapshot
-from .sql import quote, sql_template
-
-
-def next_key(f: FieldSpec) -> str:
-    """Name of the ``steps`` column holding observation row ``t + 1`` of ``f``."""
-    return f"next_{f.key}"
-
 
 POSITION = "__position"  # the in-memory index table's column of snapshot positions
 # How DuckDB reports a failed scan of a registered Arrow stream (2.x names the stream, 1.5 its scan function):
@@ -222,13 +216,6 @@ _STATE: weakref.WeakKeyDictionary[Snapshot, _SnapshotSQL] = weakref.WeakKeyDicti
 _STATE_LOCK = threading.Lock()
 _DBS: dict[bool, tuple[int, duckdb.DuckDBPyConnection]] = {}  # sandboxed or not -> (pid, database)
 _DB_LOCK = threading.Lock()  # not _STATE_LOCK: _state() holds that while it makes a state, which opens a connection
-# The sandbox: no file system, network, extension or Python-object access (registered Arrow data only), and the
-# configuration locked, so no statement can turn the access back on.
-_SANDBOX: dict[str, str | bool | int | float | list[str]] = {
-    "enable_external_access": False,
-    "autoinstall_known_extensions": False,
-    "autoload_known_extensions": False,
-}
 
 
 def database(sandbox: bool = False) -> duckdb.DuckDBPyConnection:
@@ -241,10 +228,7 @@ def database(sandbox: bool = False) -> duckdb.DuckDBPyConnection:
     with _DB_LOCK:
         db = _DBS.get(sandbox)
         if db is None or db[0] != os.getpid():  # a forked process opens its own
-            con = duckdb.connect(config=_SANDBOX) if sandbox else duckdb.connect()
-            if sandbox:
-                con.execute("SET lock_configuration = true")
-            db = _DBS[sandbox] = (os.getpid(), con)
+            db = _DBS[sandbox] = (os.getpid(), connect(sandbox))
         return db[1]
 
 
@@ -271,20 +255,6 @@ def _state(snap: Snapshot) -> _SnapshotSQL:
         if st is None:
             st = _STATE[snap] = _SnapshotSQL(snap)
         return st
-
-
-def _steps_columns(snap: Snapshot) -> tuple[str, str]:
-    unnest, columns = [], []
-    for f in snap.schema.table_step_fields:
-        col = quote(f.key)
-        if f.role == "observation":
-            unnest.append(f"unnest({col}[1:length]) AS {col}")
-            unnest.append(f"unnest({col}[2:length + 1]) AS {quote(next_key(f))}")
-            columns += [col, quote(next_key(f))]
-        else:
-            unnest.append(f"unnest({col}) AS {col}")
-            columns.append(col)
-    return "".join(f",\n    {u}" for u in unnest), "".join(f",\n    {c}" for c in columns)
 
 
 def rewritten(snap: Snapshot) -> str | None:
@@ -361,7 +331,7 @@ def _cursor(snap: Snapshot, ids: np.ndarray | None, sandbox: bool) -> duckdb.Duc
         cur.register("view_ids", pa.table({"episode_id": pa.array(ids, pa.int64())}))
         restriction = "SEMI JOIN view_ids USING (episode_id)"
     cur.execute(sql_template("episodes").substitute(derived=derived, join=join, restriction=restriction))
-    unnest, columns = _steps_columns(snap)
+    unnest, columns = steps_columns(snap.schema)
     cur.execute(sql_template("steps").substitute(unnest=unnest, columns=columns))
     return cur
 

@@ -19,6 +19,21 @@ from ..core.stats import STAT_PARTS, has_stats, stat_column
 from ..core.summary import BatchSummary
 from .table import arrow_schema
 
+# The quality columns (write/gate.py): the quarantine and warn checks an episode failed at its commit, and whether
+# it is quarantined. A table has them from the first commit that needs them (a schema merge); older rows read NULL.
+CHECKS_FAILED = "checks_failed"
+QUARANTINED = "quarantined"
+QUALITY_COLUMNS = pa.schema([(CHECKS_FAILED, pa.list_(pa.string())), (QUARANTINED, pa.bool_())])
+
+
+def quality_columns(failed: tuple[tuple[tuple[str, ...], bool], ...] | None, n: int) -> dict[str, pa.Array]:
+    """The quality columns of ``n`` episodes (``EpisodeBatch.failed``; None: none failed)."""
+    items = failed or (((), False),) * n
+    return {
+        CHECKS_FAILED: pa.array([list(names) for names, _ in items], QUALITY_COLUMNS.field(CHECKS_FAILED).type),
+        QUARANTINED: pa.array([held for _, held in items], pa.bool_()),
+    }
+
 
 def _nested(stored: np.ndarray, null: np.ndarray | None = None) -> pa.Array:
     """One Arrow value per row of ``stored`` (``[rows, *dims]``): nested fixed-width lists over ``dims``.
@@ -69,8 +84,12 @@ def build_rows(
     writer: str,
     ids: np.ndarray,
     refs: Mapping[str, np.ndarray],
+    quality: bool = False,
 ) -> pa.Table:
-    """The Arrow rows for a batch of finished episodes (in the table's schema), built column by column."""
+    """The Arrow rows for a batch of finished episodes (in the table's schema), built column by column.
+
+    ``quality``: with the :data:`QUALITY_COLUMNS` last (the table has them, or this batch needs them).
+    """
     target = arrow_schema(schema)
     n = len(batch)
     returns = summary.returns
@@ -94,4 +113,7 @@ def build_rows(
             cols[f.key] = step_column(f, batch.data[f.key], batch.row_starts(f), target.field(f.key).type)
         if has_stats(f):
             cols.update(stat_columns(f, summary.stats[f.key], target))
+    if quality:
+        cols.update(quality_columns(batch.failed, n))
+        target = pa.unify_schemas([target, QUALITY_COLUMNS])
     return pa.table(cols, schema=target)

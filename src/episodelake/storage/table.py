@@ -22,7 +22,7 @@ import uuid
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -194,7 +194,8 @@ class EpisodeTable:
         token = _rows_token(rows)
 
         def attempt() -> None:
-            write_deltalake(self.dt, rows, mode="append", commit_properties=_props("APPEND", token, len(rows), 0))
+            props = _props("APPEND", token, len(rows), 0)
+            write_deltalake(self.dt, rows, mode="append", schema_mode=_merged(self.dt, rows), commit_properties=props)
 
         return self._commit(attempt, token=token)
 
@@ -222,7 +223,8 @@ class EpisodeTable:
             token[0] = _rows_token(rows) if len(rows) else token[0] or uuid.uuid4().hex
             if not len(remove):
                 props = _props("APPEND", token[0], len(rows), 0)
-                write_deltalake(self.dt, rows, mode="append", commit_properties=props)
+                merge = _merged(self.dt, rows)
+                write_deltalake(self.dt, rows, mode="append", schema_mode=merge, commit_properties=props)
                 return
             # replaceWhere: files holding a matching row are rewritten without it, in the same
             # commit that adds ``rows``. deltalake requires the added rows to match the predicate.
@@ -707,6 +709,12 @@ def _lock_compaction(loc: Location) -> bool:
             except FileNotFoundError:
                 pass
     return False
+
+
+def _merged(dt: DeltaTable, rows: pa.Table) -> Literal["merge"] | None:
+    """``"merge"`` when ``rows`` and the table differ in columns: the quality columns (``rows.QUALITY_COLUMNS``)
+    join a table with its first commit that needs them, and rows without them read NULL there."""
+    return None if set(rows.schema.names) == {f.name for f in dt.schema().fields} else "merge"
 
 
 def _props(operation: str, token: str | None, added: int, removed: int) -> CommitProperties:

@@ -20,6 +20,9 @@ Contracts (the promises of docs/writing.md, "Bulk writes"):
   the call committed before it stay, the rest of the call is not written, the
   episodes pending before the call stay pending.
 * A killed process leaves only whole committed batches.
+* Each validated batch passes the quality gate (:mod:`.gate`) before it is
+  added: a rejected episode is refused like an invalid one (QualityError,
+  a ValidationError, naming its index in the call).
 
 Dicts are read in groups of up to :data:`GROUP_EPISODES`: each episode's
 arrays are only collected (plain episodes) and the group is validated as
@@ -30,16 +33,18 @@ first bad episode exactly as :func:`checks.episode_from_dict` words it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeGuard
 
 import numpy as np
 
 from ..core.checks import batch_from_columns, episode_from_dict
+from ..core.constraints import check_constraints
 from ..core.episode import EpisodeBatch, FinishedEpisode, batch_of, concat_batches, concat_rows, rows_for
 from ..core.errors import ArgumentError, ValidationError
 from ..core.schema import EPISODE_KEYS, DatasetSchema
 from .commit import CommitSink
+from .gate import admit, gated
 
 BULK_EPISODES = 100_000
 GROUP_EPISODES = 4096  # dict episodes validated per vectorized pass
@@ -51,15 +56,26 @@ def append(sink: CommitSink, episodes: Iterable[Mapping[str, Any]] | Mapping[str
     """Validate and write episodes in bulk (dicts, or columns with ``lengths``); returns how many."""
     with sink.lock:  # a read in another thread must not commit part of a batch
         batches = _Batches(sink)
+        gate = gated(sink.store)
         for batch in _validated(sink.schema, episodes, lengths, sink.commit_bytes):
-            batches.add(batch)
+            batches.add(admit(sink.store, batch, _numbered(batches.seen)) if gate else batch)
         batches.finish()
         return batches.seen
 
 
 def check(schema: DatasetSchema, episodes: Iterable[Mapping[str, Any]] | Mapping[str, Any], lengths: Any = None) -> int:
-    """Validate episodes exactly as :func:`append` does and write nothing; returns how many it would append."""
-    return sum(len(batch) for batch in _validated(schema, episodes, lengths, CHECK_GROUP_BYTES))
+    """Validate episodes as :func:`append` does (the schema's constraints too, not the stored checks) and write
+    nothing; returns how many it would append."""
+    seen = 0
+    for batch in _validated(schema, episodes, lengths, CHECK_GROUP_BYTES):
+        check_constraints(schema, batch, _numbered(seen))
+        seen += len(batch)
+    return seen
+
+
+def _numbered(first: int) -> Callable[[int], str]:
+    """Names episode ``i`` of a batch whose first episode is the call's ``first``: ``"episode <first + i>"``."""
+    return lambda i: f"episode {first + i}"
 
 
 def _validated(

@@ -56,9 +56,10 @@ from ..core.summary import TASK_BYTES, run_inline, summarize
 from ..storage.arrays import array_parts
 from ..storage.faults import clean_text, storage_fault
 from ..storage.frames import FrameArray
-from ..storage.rows import build_rows
+from ..storage.rows import QUARANTINED, build_rows
 from ..storage.store import Store
 from ..storage.tensors import TensorArray
+from .gate import admit, gated
 
 
 class HeldEpisode(Protocol):
@@ -216,13 +217,21 @@ class CommitSink:
         self._update_live()
 
     @_locked
-    def submit(self, episode: FinishedEpisode) -> None:
-        """Queue a finished episode; commits when a size/count/age trigger fires."""
-        self.submit_many([episode])
+    def submit(self, episode: FinishedEpisode, label: str = "the episode") -> None:
+        """Queue a finished episode that passed the quality gate; commits when a size/count/age trigger fires.
+
+        A constraint or ``reject`` check it fails raises :class:`QualityError` (``label`` names the
+        episode) and queues nothing.
+        """
+        if gated(self.store):
+            self.submit_many(admit(self.store, batch_of(self.schema, [episode]), lambda i: label))
+        else:
+            self.submit_many([episode])
 
     @_locked
     def submit_many(self, episodes: Sequence[FinishedEpisode] | EpisodeBatch) -> None:
-        """Queue finished episodes (or a validated batch); commit all pending ones if a trigger fired."""
+        """Queue finished episodes (or a validated batch past its quality gate); commit all pending ones if a
+        trigger fired."""
         self._check_process()
         if not len(episodes):
             return
@@ -384,7 +393,8 @@ class CommitSink:
             where[0] = failed[0]
             raise failed[1]
         ids = (self.number << 32) | np.arange(self.seq, self.seq + len(batch), dtype=np.int64)
-        rows = build_rows(self.schema, batch, summary, self.name, ids, refs)
+        quality = batch.failed is not None or QUARANTINED in {f.name for f in self.store.table.dt.schema().fields}
+        rows = build_rows(self.schema, batch, summary, self.name, ids, refs, quality)
         where[0] = self.store.location.delta_uri()
         version = self.store.append(rows)  # evicts in the same commit when the dataset has a capacity
         self.seq += len(batch)

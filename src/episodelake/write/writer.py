@@ -29,7 +29,7 @@ import numpy as np
 
 from ..core.checks import check_flags, check_meta, check_values, missing_required, plain_value, split_role, step_plan
 from ..core.episode import FinishedEpisode, python_meta
-from ..core.errors import ArgumentError, EpisodeStateError, ValidationError
+from ..core.errors import ArgumentError, EpisodeStateError, QualityError, ValidationError
 from ..core.schema import STEP_KEYS, DatasetSchema, FieldSpec, flatten_role
 from .commit import CommitSink
 
@@ -303,7 +303,12 @@ class EpisodeWriter:
         self._state = "queued"
         self._ended = None
         # created_at is the hand-over time: a held episode must not sort before ones already committed.
-        self.sink.submit(FinishedEpisode(data, self.length, terminated, truncated, dict(self._meta)))
+        episode = FinishedEpisode(data, self.length, terminated, truncated, dict(self._meta))
+        try:
+            self.sink.submit(episode, f"episode of {self.length} steps (meta {self._meta})")
+        except QualityError:
+            self._state = "discarded"  # rejected by the quality gate: never stored; the next episode starts afresh
+            raise
 
     def __enter__(self) -> EpisodeWriter:
         return self

@@ -1,0 +1,125 @@
+"""Quality gates: what the call that finishes episodes judges before they are queued for a commit.
+
+:func:`admit` runs, over a whole batch at once, on the rows a writer hands over:
+
+* the schema's ``FieldSpec`` constraints (:mod:`episodelake.core.constraints`);
+  a violation rejects;
+* the dataset's checks (:mod:`episodelake.core.quality`, those of the table
+  version the writer is on), in sandboxed DuckDB over ``episodes`` and
+  ``steps`` views built from the rows the commit would write (the same
+  templates and the same :func:`~episodelake.core.quality.failures_sql` as
+  reads and audits): a failed ``reject`` check rejects; ``quarantine`` and
+  ``warn`` failures are recorded in the batch (``EpisodeBatch.failed``), so
+  the commit writes them to the quality columns (``storage.rows``).
+
+A rejection is a :class:`QualityError` naming the episode, the constraint or
+check and the first failing step (constraints are judged first); the whole
+batch is refused and nothing of it is queued, so a bulk call that validates
+before committing stays all-or-nothing. A dataset without constraints and
+checks pays nothing; one with checks pays one summary and two DuckDB
+statements per call that finishes episodes (the online writer: per episode).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+
+import duckdb
+import numpy as np
+
+from ..core import lifecycle
+from ..core.constraints import check_constraints, constrained
+from ..core.episode import EpisodeBatch
+from ..core.errors import QualityError, QueryError
+from ..core.quality import Check, failures_sql
+from ..core.summary import summarize
+from ..storage.rows import build_rows
+from ..storage.sql import connect, sql_template, steps_columns
+from ..storage.store import Store
+
+_DB: dict[int, duckdb.DuckDBPyConnection] = {}  # pid -> this process's sandboxed database for commit-time checks
+_DB_LOCK = threading.Lock()
+
+
+def gated(store: Store) -> bool:
+    """Whether episodes of ``store`` pass a gate at all (constraints or stored checks)."""
+    return bool(constrained(store.schema)) or bool(store.checks())
+
+
+def admit(store: Store, batch: EpisodeBatch, label: Callable[[int], str]) -> EpisodeBatch:
+    """``batch`` with its quarantine/warn failures recorded, or :class:`QualityError` for its first rejection.
+
+    ``label(i)`` names episode ``i`` of the batch in the error (``"episode 12"``).
+    """
+    schema = store.schema
+    check_constraints(schema, batch, label)
+    checks = store.checks()
+    if not checks or not len(batch):
+        return batch
+    found = _failures(store, checks, batch)
+    by_name = {c.name: c for c in checks}
+    names = found.column("check").to_pylist()
+    episodes = found.column("episode_id").to_numpy()
+    steps = found.column("step").to_pylist()
+    rejected = [i for i, name in enumerate(names) if by_name[name].on_fail == "reject"]
+    if rejected:
+        first = min(rejected, key=lambda i: (int(episodes[i]), i))
+        c, e, step = by_name[names[first]], int(episodes[first]), steps[first]
+        at = "" if step is None else f" at step {step}"
+        raise QualityError(
+            f"{label(e)}: check {c.name!r} ({c.level} level: {c.predicate}) failed{at}; "
+            "the episode was rejected and nothing of it was stored",
+            check=c.name,
+            episode=e,
+            step=step,
+        )
+    if not names:
+        return batch
+    failed: list[tuple[list[str], bool]] = [([], False) for _ in range(len(batch))]
+    for name, e in zip(names, episodes.tolist(), strict=True):
+        names_of, held = failed[e]
+        names_of.append(name)
+        failed[e] = (names_of, held or by_name[name].on_fail == "quarantine")
+    batch.failed = tuple((tuple(n), held) for n, held in failed)
+    return batch
+
+
+def _failures(store: Store, checks: tuple[Check, ...], batch: EpisodeBatch):  # -> pa.Table
+    """Every (check, episode position, first failing step) of ``batch`` (``failures_sql``'s columns)."""
+    schema = store.schema
+    n = len(batch)
+    refs = {f.key: np.zeros(n, np.int64) for f in schema.tensor_fields}  # nothing stored yet: no references
+    rows = build_rows(schema, batch, summarize(schema, batch), "00000000", np.arange(n, dtype=np.int64), refs)
+    cur = _database().cursor()
+    try:
+        cur.register("episode_table", rows)
+        cur.execute(sql_template("episodes").substitute(derived="", join="", restriction=""))
+        unnest, columns = steps_columns(schema)
+        cur.execute(sql_template("steps").substitute(unnest=unnest, columns=columns))
+        return cur.sql(failures_sql(checks)).to_arrow_table()
+    except duckdb.Error as exc:
+        raise QueryError(
+            f"{store.location.url}: the dataset's checks {[c.name for c in checks]} cannot run over the episodes "
+            f"being written (nothing was stored): {exc}"
+        ) from exc
+    finally:
+        cur.close()
+
+
+def _database() -> duckdb.DuckDBPyConnection:
+    with _DB_LOCK:
+        db = _DB.get(os.getpid())
+        if db is None:
+            db = _DB[os.getpid()] = connect(sandbox=True)
+        return db
+
+
+def _close_at_exit() -> None:
+    db = _DB.pop(os.getpid(), None)
+    if db is not None:
+        db.close()
+
+
+lifecycle.on_exit("databases", _close_at_exit)
