@@ -325,3 +325,19 @@ def test_bad_anchors_get_clear_errors_and_change_nothing(lake):
         ds.segment_stream(4, anchors=el.Anchors("reward > 2"))
     assert one_pass(ds, el.Anchors("reward > 2"), 4) == []  # a pass over no anchor is empty
     assert ds.version == version and len(ds) == len(raw)
+
+
+def test_predicates_over_observations_and_columns_they_do_not_name(lake):
+    raw, ds = lake
+    # observation row t and t + 1 of a step (the steps view's "<key>" and "next_<key>")
+    falling = el.Anchors('"observation/state"[1] > "next_observation/state"[1] AND action >= 2', offset=-1)
+    expected = [
+        (n, t - 1)
+        for n, ep in enumerate(raw)
+        for t in range(ep.length)
+        if ep.obs["state"][t, 0] > ep.obs["state"][t + 1, 0] and ep.action["action"][t] >= 2 and t >= 1
+    ]
+    assert items(one_pass(ds, falling, 2)) == expected and expected
+    # a predicate that reads columns by pattern (COLUMNS) still sees every step column
+    pattern = one_pass(ds, el.Anchors("COLUMNS('^rew') > 0.5"), 2)
+    assert items(pattern) == reference(raw, 0.5, 0, 2, None)

@@ -316,8 +316,13 @@ def answer(collection: EpisodeCollection, body: Callable[[Snapshot], T], first: 
     raise AssertionError("unreachable: the last attempt returns or raises")
 
 
-def _cursor(snap: Snapshot, ids: np.ndarray | None, sandbox: bool) -> duckdb.DuckDBPyConnection:
-    """A fresh DuckDB cursor with the ``episodes`` and ``steps`` views of ``snap`` (only ``ids``, when given)."""
+def _cursor(
+    snap: Snapshot, ids: np.ndarray | None, sandbox: bool, used: str | None = None
+) -> duckdb.DuckDBPyConnection:
+    """A fresh DuckDB cursor with the ``episodes`` and ``steps`` views of ``snap`` (only ``ids``, when given).
+
+    ``used``: ``steps`` holds only the columns this SQL text names (:func:`steps_columns`).
+    """
     state = _state(snap)
     state.check_files()
     cur = (state.sandbox if sandbox else state.db).cursor()
@@ -331,7 +336,7 @@ def _cursor(snap: Snapshot, ids: np.ndarray | None, sandbox: bool) -> duckdb.Duc
         cur.register("view_ids", pa.table({"episode_id": pa.array(ids, pa.int64())}))
         restriction = "SEMI JOIN view_ids USING (episode_id)"
     cur.execute(sql_template("episodes").substitute(derived=derived, join=join, restriction=restriction))
-    unnest, columns = steps_columns(snap.schema)
+    unnest, columns = steps_columns(snap.schema, used)
     cur.execute(sql_template("steps").substitute(unnest=unnest, columns=columns))
     return cur
 
@@ -359,17 +364,27 @@ class Views(Protocol):
 
 
 class SnapshotViews:
-    """The views of ``collection``'s episodes in ``snap`` (only theirs when it is a subset, or only ``positions``')."""
+    """The views of ``collection``'s episodes in ``snap`` (only theirs when it is a subset, or only ``positions``').
 
-    def __init__(self, collection: EpisodeCollection, snap: Snapshot, positions: np.ndarray | None = None) -> None:
-        self.collection, self.snap = collection, snap
+    ``used``: the SQL text of the only query these views serve; ``steps`` then
+    holds only the columns it names (see :func:`steps_columns`).
+    """
+
+    def __init__(
+        self,
+        collection: EpisodeCollection,
+        snap: Snapshot,
+        positions: np.ndarray | None = None,
+        used: str | None = None,
+    ) -> None:
+        self.collection, self.snap, self.used = collection, snap, used
         if positions is not None and len(positions) < snap.num_episodes:
             self.ids: np.ndarray | None = snap.index["episode_id"][positions]
         else:
             self.ids = _view_ids(collection, snap) if positions is None else None
 
     def cursor(self, sandbox: bool) -> duckdb.DuckDBPyConnection:
-        return _cursor(self.snap, self.ids, sandbox)
+        return _cursor(self.snap, self.ids, sandbox, self.used)
 
     def failure(self, exc: duckdb.Error, what: str) -> EpisodeLakeError:
         return _state(self.snap).failure(exc, what)

@@ -2,7 +2,7 @@
 
 :func:`find_anchors` runs ONE sandboxed DuckDB query over the ``steps`` view
 of a selection (``where``/``filter`` narrowed it first: the view holds only
-its episodes) and returns the anchor steps as ``(episode k, step t, weight)``
+its episodes, and only the step columns the SQL names) and returns the anchor steps as ``(episode k, step t, weight)``
 arrays in ``(k, t)`` order, cached per snapshot: a snapshot never changes, so
 a second stream or draw over it costs no query.
 
@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..core.errors import ArgumentError
+from ..core.errors import ArgumentError, QueryError
 from ..read.collection import EpisodeCollection
 from ..read.query import SnapshotViews, SQLResult, column_numpy, where_condition
 from ..read.snapshot import Snapshot
@@ -65,7 +65,12 @@ def find_anchors(collection: EpisodeCollection, snap: Snapshot, positions: np.nd
     if hit is not None and np.array_equal(hit[0], positions):
         return hit[1]
     what, query = anchor_query(anchors)
-    table = SQLResult(SnapshotViews(collection, snap, positions), query, anchors.params, True, what).to_arrow_table()
+    try:  # over a steps view of the columns the SQL names: DuckDB evaluates every unnest of the view
+        views = SnapshotViews(collection, snap, positions, used=query)
+        table = SQLResult(views, query, anchors.params, True, what).to_arrow_table()
+    except QueryError:  # it reads columns without naming them (COLUMNS(...), a row struct): the whole view
+        views = SnapshotViews(collection, snap, positions)
+        table = SQLResult(views, query, anchors.params, True, what).to_arrow_table()
     ids = column_numpy(table.column("episode_id")).astype(np.int64, copy=False)
     t = column_numpy(table.column("t")).astype(np.int64, copy=False)
     # the view already holds only these episodes: the join back to positions keeps rows of no other

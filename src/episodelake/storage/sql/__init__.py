@@ -43,10 +43,17 @@ def next_key(f: FieldSpec) -> str:
     return f"next_{f.key}"
 
 
-def steps_columns(schema: DatasetSchema) -> tuple[str, str]:
-    """The ``$unnest`` and ``$columns`` of the ``steps`` template for ``schema``'s table step fields."""
+def steps_columns(schema: DatasetSchema, used: str | None = None) -> tuple[str, str]:
+    """The ``$unnest`` and ``$columns`` of the ``steps`` template for ``schema``'s table step fields.
+
+    ``used``: SQL text that names the only step columns it reads (an anchor
+    predicate): the fields whose key it does not contain are left out, so
+    DuckDB unnests only what the text can use (every unnest is evaluated).
+    """
     unnest, columns = [], []
     for f in schema.table_step_fields:
+        if used is not None and f.key.lower() not in used.lower():
+            continue
         col = quote(f.key)
         if f.role == "observation":
             unnest.append(f"unnest({col}[1:length]) AS {col}")
