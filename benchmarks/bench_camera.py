@@ -15,7 +15,17 @@ and random segment sampling, B=32 segments of L=16 transitions (17 frames),
 after a warm-up) and cold (the dataset reopened after every file was dropped
 from the page cache with ``posix_fadvise(POSIX_FADV_DONTNEED)``). Peer:
 memmap-replay-buffer storing the raw frames (its ``dataloader`` over
-``ReplayDatasetTimeWindow`` of 17 steps, ``torch.set_num_threads(1)``).
+``ReplayDatasetTimeWindow`` of 17 steps, ``torch.set_num_threads(1)``,
+episodes drawn with replacement: see :func:`bench_sampling.memmap_sampler`).
+Bound: the copy limit, the same random windows gathered by NumPy from the
+frames in process memory on one thread; every warm rate is printed with the
+frame bytes per second it returns and its ratio to that limit, and every
+rate counts the segments its batches actually hold.
+
+Before 0.4.x (issue 25.6) the peer's loader ran ``shuffle=True`` over its
+window dataset, which holds one window per *episode*: with ``--quick``'s 6
+episodes each "batch" of 32 held 6 windows, so its rate was counted 5.3x
+too high (56–77 GB/s of frames, above the machine's memory bandwidth).
 Every sampling measurement runs in a fresh interpreter, in ``--rounds``
 rounds over all stores (best of the rounds kept per store, so a burst of
 other load on a shared machine hits a round, not a store).
@@ -46,7 +56,7 @@ from typing import Any
 
 import numpy as np
 
-from bench_sampling import drop_page_cache, memmap_sampler  # benchmarks/ is on sys.path when run as a script
+from bench_sampling import drop_page_cache, memmap_sampler, rate, segments_in  # benchmarks/ is on sys.path
 
 B, L = 32, 16
 STORAGES: dict[str, dict[str, Any]] = {
@@ -189,30 +199,43 @@ def build_memmap(root: str, frames: np.ndarray, actions: np.ndarray) -> dict[str
     }
 
 
+def copy_limit_sampler(frames_path: str) -> Callable[[], object]:
+    """The copy limit: ``B`` random windows gathered from the frames and actions in process memory, one thread."""
+    frames = np.load(frames_path)  # [episodes, steps + 1, H, W, 3], read into memory
+    actions = np.load(frames_path.replace(".npy", "-actions.npy"))
+    episodes, steps = actions.shape[:2]
+    flat_frames, flat_actions = frames.reshape(-1, *frames.shape[2:]), actions.reshape(-1, actions.shape[2])
+    rewards = np.zeros(len(flat_actions), np.float32)
+    rng = np.random.default_rng(0)
+
+    def sample() -> object:
+        e, s = rng.integers(0, episodes, B), rng.integers(0, steps - L + 1, B)
+        rows = (e * (steps + 1) + s)[:, None] + np.arange(L + 1)
+        step_rows = (e * steps + s)[:, None] + np.arange(L)
+        return flat_frames[rows], flat_actions[step_rows], rewards[step_rows]
+
+    return sample
+
+
 def measure(kind: str, root: str, seconds: float, cold_batches: int) -> dict[str, float]:
     """Warm and cold segments/s of one store (in this fresh interpreter).
 
     Cold: the first ``cold_batches`` batches after dropping the store's files
     from the page cache and opening it. Warm: the best of five windows of
     ``seconds / 5`` each (the best resists other processes' bursts on a shared machine).
+    Every batch must hold ``B`` segments (see :func:`bench_sampling.rate`).
     """
-    opener = partial(memmap_sampler, batch=B, length=L) if kind == "memmap" else lake_sampler
+    openers = {"memmap": partial(memmap_sampler, batch=B, length=L), "lake": lake_sampler, "limit": copy_limit_sampler}
     drop_page_cache(root)
     t = time.perf_counter()
-    sample = opener(root)
+    sample = openers[kind](root)
     for _ in range(cold_batches):
-        sample()
+        if segments_in(sample()) != B:
+            raise AssertionError(f"{kind} {root}: a batch does not hold {B} segments")
     cold = cold_batches * B / (time.perf_counter() - t)
     for _ in range(3):
         sample()
-    rates = []
-    for _ in range(5):
-        n, t = 0, time.perf_counter()
-        while time.perf_counter() - t < seconds / 5:
-            sample()
-            n += 1
-        rates.append(n * B / (time.perf_counter() - t))
-    return {"warm": max(rates), "cold": cold}
+    return {"warm": max(rate(sample, seconds / 5, 1, B) for _ in range(5)), "cold": cold}
 
 
 def built(where: str, build: Callable[[], dict[str, float]]) -> dict[str, float]:
@@ -305,7 +328,20 @@ def main() -> None:
         stores = [("memmap", "memmap-replay-buffer", "raw")] + [
             ("lake", "episodelake", s) for s in args.storages.split(",")
         ]
-        mine = []
+        frames_path = os.path.join(root, f"frames-{size}-{episodes}x{steps}.npy")
+        limit = {"bytes_per_frame": float(np.prod(frames.shape[2:])), "write_fps": float("nan")}
+        mine = [
+            {
+                "system": LIMIT,
+                "label": "in memory",
+                "size": size,
+                **limit,
+                "psnr": float("inf"),
+                "psnr_min": float("inf"),
+                "kind": "limit",
+                "where": frames_path,
+            }
+        ]
         for kind, system, storage in stores:
             where = os.path.join(root, f"{kind}-{storage}-{size}")
             if kind == "memmap":
@@ -339,27 +375,36 @@ def main() -> None:
     print(f"\nplot: {args.plot}; points: {os.path.join(root, 'camera_points.json')}")
 
 
+LIMIT = "copy limit"  # B random windows gathered by NumPy from the frames in process memory, one thread
+
+
 def report(points: Sequence[dict[str, Any]]) -> None:
     print(
         f"\nrandom segments B={B} L={L} ({L + 1} frames each); ratios: x raw episodelake copy / x memmap-replay-buffer"
+        " / x the copy limit (NumPy gather of the same windows from memory, one thread, same run); GB/s: the frame"
+        " bytes a warm rate returns"
     )
     head = (
         f"{'size':>4} {'system':<21} {'storage':<21} {'B/frame':>9} {'smaller':>8} {'PSNR':>6} {'min':>6} "
-        f"{'write f/s':>9} {'warm seg/s':>10} {'x raw':>6} {'x mmrb':>6} {'cold seg/s':>10} {'x mmrb':>6}"
+        f"{'write f/s':>9} {'warm seg/s':>10} {'GB/s':>5} {'x limit':>7} {'x raw':>6} {'x mmrb':>6} "
+        f"{'cold seg/s':>10} {'x mmrb':>6}"
     )
     print(head)
     for size in dict.fromkeys(p["size"] for p in points):
         mine = [p for p in points if p["size"] == size]
         raw = next(p for p in mine if p["system"] == "episodelake" and p["label"] == "raw")
         mm = next(p for p in mine if p["system"] == "memmap-replay-buffer")
+        limit = next(p for p in mine if p["system"] == LIMIT)
         for p in mine:
             smaller = raw["bytes_per_frame"] / p["bytes_per_frame"]
             warm, cold = p["segments_per_s"], p["cold_segments_per_s"]
+            gbs = warm * (L + 1) * size * size * 3 / 1e9
+            cold_cells = f"{cold:>10.0f} {cold / mm['cold_segments_per_s']:>6.2f}" if p is not limit else ""
             print(
                 f"{size:>4} {p['system']:<21} {p['label']:<21} {p['bytes_per_frame']:>9.0f} {smaller:>7.1f}x "
-                f"{p['psnr']:>6.1f} {p['psnr_min']:>6.1f} {p['write_fps']:>9.0f} {warm:>10.0f} "
-                f"{warm / raw['segments_per_s']:>6.2f} {warm / mm['segments_per_s']:>6.2f} "
-                f"{cold:>10.0f} {cold / mm['cold_segments_per_s']:>6.2f}"
+                f"{p['psnr']:>6.1f} {p['psnr_min']:>6.1f} {p['write_fps']:>9.0f} {warm:>10.0f} {gbs:>5.1f} "
+                f"{warm / limit['segments_per_s']:>7.2f} {warm / raw['segments_per_s']:>6.2f} "
+                f"{warm / mm['segments_per_s']:>6.2f} {cold_cells}"
             )
 
 

@@ -14,7 +14,16 @@ on the same disk and returns NumPy/torch arrays of the same shapes:
 * episodata: ``segment_stream(...).sample()`` (zarr backend);
 * Lance (pylance): one row per observation step (fixed-size list / binary
   columns), one random ``take`` of the 64 x 33 rows per batch;
-* raw NumPy: one flat ``np.memmap`` per field, fancy-index gather.
+* raw NumPy: one flat ``np.memmap`` per field, fancy-index gather;
+* **the copy limit**: the same fancy-index gather from arrays in process
+  memory, one thread: what copying the batch's bytes costs, nothing else.
+  Every row prints its ratio to it and the bytes/s it copies, so no row can
+  exceed the bound unnoticed.
+
+Every rate counts the segments the batches actually hold (each must hold
+64): memmap-replay-buffer's window dataset has one window per episode, so
+its loader draws episodes with replacement (``shuffle=True`` would end each
+pass after one window per episode, with a short last batch).
 
 Every measurement runs in a fresh interpreter (one system's threads, e.g.
 zarr's event loop, slow another's torch kernels several-fold when they share a
@@ -24,7 +33,7 @@ timed pass every file of the system is dropped from the page cache with
 ``posix_fadvise(DONTNEED)`` (after unmapping it), and the bytes the process
 actually read from storage (``/proc/self/io``) are reported with the rate.
 
-Run: ``.venv/bin/python benchmarks/bench_sampling.py [--quick] [--dir DIR]``.
+Run: ``.venv/bin/python benchmarks/bench_sampling.py [--quick] [--episodes 20,200,1000] [--dir DIR]``.
 """
 
 from __future__ import annotations
@@ -89,16 +98,15 @@ def memmap_sampler(root: str, batch: int, length: int) -> Callable[[], object]:
     torch.set_num_threads(1)
 
     buf = ReplayBuffer.from_folder(root, read_only=True)
-    loader = buf.dataloader(batch, dataset=ReplayDatasetTimeWindow(buf, window_length=length + 1), shuffle=True)
-    it = iter(loader)
+    windows = ReplayDatasetTimeWindow(buf, window_length=length + 1)
+    # its dataset holds one random window per *episode*: ``shuffle=True`` would end each pass after
+    # len(episodes) windows (a short last batch, or one batch of 6 windows for 6 episodes), so draw
+    # ``batch`` episodes with replacement for every batch, like the other systems' uniform sampling
+    draws = torch.utils.data.RandomSampler(windows, replacement=True, num_samples=1 << 40)
+    it = iter(buf.dataloader(batch, dataset=windows, sampler=draws))
 
     def sample() -> object:
-        nonlocal it
-        try:
-            return next(it)
-        except StopIteration:
-            it = iter(loader)
-            return next(it)
+        return next(it)
 
     return sample
 
@@ -348,52 +356,104 @@ class Lance(System):
 STEPS_PLUS_ONE = [201]
 
 
+FIELDS = {
+    "camera": (np.uint8, CAM),
+    "state": (np.float32, (STATE,)),
+    "action": (np.float32, (ACT,)),
+    "reward": (np.float32, ()),
+}
+SEGMENT_BYTES = (L + 1) * (int(np.prod(CAM)) + 4 * STATE) + L * 4 * (ACT + 1)  # what every system copies per segment
+
+
 class RawMemmap(System):
+    """One flat file per field (observations T + 1 rows, actions and rewards T rows per episode)."""
+
     name = "raw numpy memmap gather"
 
     def __init__(self, root: str) -> None:
         self.root = root
 
     def build(self, seed: int, count: int, steps: int) -> float:
-        if os.path.exists(os.path.join(self.root, "camera.u8")):
+        if os.path.exists(os.path.join(self.root, "reward")):
             return 0.0
         os.makedirs(self.root, exist_ok=True)
         t = time.perf_counter()
-        with (
-            open(os.path.join(self.root, "camera.u8"), "wb") as cam,
-            open(os.path.join(self.root, "state.f32"), "wb") as st,
-        ):
+        files = {k: open(os.path.join(self.root, k), "wb") for k in FIELDS}  # noqa: SIM115  closed below
+        try:
             for e in episodes(seed, count, steps):
-                cam.write(e["camera"].tobytes())
-                st.write(e["state"].tobytes())
+                for k, fh in files.items():
+                    fh.write(e[k].tobytes())
+        finally:
+            for fh in files.values():
+                fh.close()
         return time.perf_counter() - t
 
+    def arrays(self, in_memory: bool) -> dict[str, np.ndarray]:
+        out = {}
+        for k, (dtype, shape) in FIELDS.items():
+            path = os.path.join(self.root, k)
+            flat = np.fromfile(path, dtype) if in_memory else np.memmap(path, dtype, "r")
+            out[k] = flat.reshape(-1, *shape)
+        return out
+
     def open(self) -> Callable[[], object]:
-        cam = np.memmap(os.path.join(self.root, "camera.u8"), np.uint8, "r").reshape(-1, *CAM)
-        state = np.memmap(os.path.join(self.root, "state.f32"), np.float32, "r").reshape(-1, STATE)
-        steps = STEPS_PLUS_ONE[0] - 1
-        n_ep = len(cam) // (steps + 1)
-        rng = np.random.default_rng(0)
+        return window_gather(self.arrays(in_memory=False))
 
-        def sample():
-            e = rng.integers(0, n_ep, B)
-            s = rng.integers(0, steps - L + 1, B)
-            rows = (e * (steps + 1) + s)[:, None] + np.arange(L + 1)
-            return cam[rows], state[rows]
 
-        return sample
+def window_gather(arrays: dict[str, np.ndarray]) -> Callable[[], object]:
+    """One fancy-index gather per field of ``B`` random windows of ``L`` transitions, single thread."""
+    steps = STEPS_PLUS_ONE[0] - 1
+    n_ep = len(arrays["reward"]) // steps
+    rng = np.random.default_rng(0)
+    obs_rows, step_rows = np.arange(L + 1), np.arange(L)
+
+    def sample():
+        e = rng.integers(0, n_ep, B)
+        s = rng.integers(0, steps - L + 1, B)
+        rows = (e * (steps + 1) + s)[:, None] + obs_rows
+        srows = (e * steps + s)[:, None] + step_rows
+        return arrays["camera"][rows], arrays["state"][rows], arrays["action"][srows], arrays["reward"][srows]
+
+    return sample
+
+
+class CopyLimit(RawMemmap):
+    """The copy limit: the same windows gathered from arrays in process memory (NumPy fancy indexing, one thread).
+
+    The bound for a sampler that copies every byte it returns once: no file, no
+    page table of a file mapping, no bookkeeping; only the copy.
+    """
+
+    name = "copy limit (in-memory NumPy gather, 1 thread)"
+
+    def open(self) -> Callable[[], object]:
+        return window_gather(self.arrays(in_memory=True))
 
 
 # ---- timing
 
 
-def rate(sample: Callable[[], object], seconds: float, min_batches: int) -> float:
+def segments_in(batch: object) -> int:
+    """How many segments a system's batch holds (its first array's leading dimension)."""
+    if hasattr(batch, "mask"):  # an episodelake or episodata batch: mask [B, L]
+        batch = batch.mask
+    if isinstance(batch, dict):
+        batch = next(iter(batch.values()))
+    if isinstance(batch, tuple | list):
+        batch = batch[0]
+    return int(batch.shape[0]) if hasattr(batch, "shape") else len(batch)  # type: ignore[arg-type]
+
+
+def rate(sample: Callable[[], object], seconds: float, min_batches: int, batch: int = B) -> float:
+    """Segments/s of ``sample``, counting the segments each batch holds (all of them must hold ``batch``)."""
     n = 0
     t0 = time.perf_counter()
     while n < min_batches or time.perf_counter() - t0 < seconds:
-        sample()
+        got = segments_in(sample())
+        if got != batch:
+            raise AssertionError(f"a batch holds {got} segments, not {batch}")
         n += 1
-    return n * B / (time.perf_counter() - t0)
+    return n * batch / (time.perf_counter() - t0)
 
 
 def check_episodelake(root: str, seed: int, steps: int) -> None:
@@ -422,21 +482,38 @@ def make_systems(root: str) -> list[System]:
         Episodata(os.path.join(root, "episodata")),
         Lance(os.path.join(root, "lance")),
         RawMemmap(os.path.join(root, "raw")),
+        CopyLimit(os.path.join(root, "raw")),
     ]
 
 
-def measure(system: System, phase: str, seconds: float, cold_batches: int) -> dict[str, float]:
-    """One measurement in this (fresh) process: warm (page cache) or cold (files evicted first)."""
+def measure(system: System, phase: str, seconds: float, cold_batches: int, limit: System) -> dict[str, float]:
+    """One measurement in this (fresh) process: warm (page cache) or cold (files evicted first).
+
+    Warm, the copy limit is timed in the same process, in windows alternating
+    with the system's, so ``vs_limit`` holds however the machine's load moves.
+    """
     sample = system.open()
     if phase == "warm":
         preload(system.root)
         for _ in range(3):  # fault in mappings
             sample()
-        return {"rate": rate(sample, seconds, 5)}
+        if getattr(system, "mode", "") == "prefetch":  # its thread refills the queue while the bound is timed
+            return {"rate": rate(sample, seconds, 5)}
+        bound = limit.open()
+        for _ in range(3):
+            bound()
+        mine, theirs = [], []
+        for _ in range(WINDOWS):
+            mine.append(rate(sample, seconds / WINDOWS, 2))
+            theirs.append(rate(bound, seconds / WINDOWS, 2))
+        return {"rate": statistics.median(mine), "vs_limit": statistics.median(np.divide(mine, theirs))}
     drop_page_cache(system.root)
     before = storage_read_bytes()
     r = rate(sample, 0.0, cold_batches)
     return {"rate": r, "mb": (storage_read_bytes() - before) / 1e6}
+
+
+WINDOWS = 6  # alternating timing windows of a system and the copy limit per warm measurement
 
 
 def run_isolated(args: argparse.Namespace, name: str, phase: str, seconds: float, cold_batches: int) -> dict:
@@ -452,7 +529,7 @@ def run_isolated(args: argparse.Namespace, name: str, phase: str, seconds: float
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="100 episodes, shorter timings")
-    ap.add_argument("--episodes", type=int, default=None)
+    ap.add_argument("--episodes", default=None, help="episodes, or a comma-separated list of sizes (20,200,1000)")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--dir", default=None, help="data directory on the disk to test (default: a temp dir, removed)")
     ap.add_argument("--seconds", type=float, default=None, help="timed seconds per system per round")
@@ -461,52 +538,74 @@ def main() -> None:
     ap.add_argument("--skip", default="", help="comma-separated name parts of systems to skip (episodata,lance,...)")
     ap.add_argument("--worker", nargs=2, metavar=("SYSTEM", "PHASE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
-    count = args.episodes or (100 if args.quick else 1000)
+    counts = [int(c) for c in (args.episodes or ("100" if args.quick else "1000")).split(",")]
     seconds = args.seconds or (1.0 if args.quick else 3.0)
     cold_batches = args.cold_batches or (8 if args.quick else 24)
     STEPS_PLUS_ONE[0] = args.steps + 1
     if args.worker:
-        system = next(s for s in make_systems(args.dir) if s.name == args.worker[0])
-        print(json.dumps(measure(system, args.worker[1], seconds, cold_batches)))
+        every = {s.name: s for s in make_systems(args.dir)}
+        print(json.dumps(measure(every[args.worker[0]], args.worker[1], seconds, cold_batches, every[LIMIT])))
         return
-    seed = 0
     cleanup = args.dir is None
-    args.dir = args.dir or tempfile.mkdtemp(prefix="bench_sampling_", dir=os.environ.get("BENCH_DIR", "/var/tmp"))
+    top = args.dir or tempfile.mkdtemp(prefix="bench_sampling_", dir=os.environ.get("BENCH_DIR", "/var/tmp"))
+    try:
+        for count in counts:
+            args.dir = top if len(counts) == 1 else os.path.join(top, f"{count}-episodes")
+            run_size(args, count, seconds, cold_batches)
+    finally:
+        if cleanup:
+            shutil.rmtree(top, ignore_errors=True)
+
+
+def run_size(args: argparse.Namespace, count: int, seconds: float, cold_batches: int) -> None:
+    """Build every system's store of ``count`` episodes under ``args.dir`` and print the table of rates."""
+    seed = 0
     Path(args.dir).mkdir(parents=True, exist_ok=True)
     skip = set(filter(None, args.skip.split(",")))
     systems = [s for s in make_systems(args.dir) if not any(k in s.name for k in skip)]
     gb = count * (args.steps + 1) * (np.prod(CAM) + 4 * STATE) / 1e9
-    print(f"data: {count} episodes x {args.steps} steps, {gb:.2f} GB of observations per copy, under {args.dir}")
+    print(f"\ndata: {count} episodes x {args.steps} steps, {gb:.2f} GB of observations per copy, under {args.dir}")
     print(f"batch: {B} segments x {L} transitions; {os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.1f}")
-    try:
-        for s in systems:
-            took = s.build(seed, count, args.steps)
-            if took:
-                print(f"  wrote {s.name:<24} {took:7.1f} s")
-        check_episodelake(systems[0].root, seed, args.steps)
-        print(f"{mem_available() / 1e9:.1f} GB of memory available; each measurement runs in a fresh process")
-        warm: dict[str, list[float]] = {s.name: [] for s in systems}
-        for rnd in range(args.rounds):
-            for s in systems if rnd % 2 == 0 else systems[::-1]:
-                warm[s.name].append(run_isolated(args, s.name, "warm", seconds, cold_batches)["rate"])
-        cold = {s.name: run_isolated(args, s.name, "cold", seconds, cold_batches) for s in systems}
-        ref = "memmap-replay-buffer"
-        ref_warm = statistics.median(warm[ref]) if ref in warm else float("nan")
-        ref_cold = cold[ref]["rate"] if ref in cold else float("nan")
+    every = {s.name: s for s in make_systems(args.dir)}
+    for s in dict.fromkeys([*systems, every[LIMIT]]):  # the copy limit is timed beside every system
+        took = s.build(seed, count, args.steps)
+        if took:
+            print(f"  wrote {s.name:<24} {took:7.1f} s")
+    check_episodelake(systems[0].root, seed, args.steps)
+    print(f"{mem_available() / 1e9:.1f} GB of memory available; each measurement runs in a fresh process")
+    warm: dict[str, list[float]] = {s.name: [] for s in systems}
+    vs_limit: dict[str, list[float]] = {s.name: [] for s in systems}
+    for rnd in range(args.rounds):
+        for s in systems if rnd % 2 == 0 else systems[::-1]:
+            got = run_isolated(args, s.name, "warm", seconds, cold_batches)
+            warm[s.name].append(got["rate"])
+            vs_limit[s.name].append(got.get("vs_limit", float("nan")))
+    cold = {s.name: run_isolated(args, s.name, "cold", seconds, cold_batches) for s in systems if s.name != LIMIT}
+    ref = "memmap-replay-buffer"
+    ref_warm = statistics.median(warm[ref]) if ref in warm else float("nan")
+    ref_cold = cold[ref]["rate"] if ref in cold else float("nan")
+    print(f"\n{'system':<46}{'in page cache':>16}{'GB/s':>6}{'vs limit':>9}{'vs mrb':>8}", end="")
+    print(f"{'cold':>12}{'vs mrb':>8}{'read from disk':>16}")
+    for s in systems:
+        w = statistics.median(warm[s.name])
+        gbs, bound = w * SEGMENT_BYTES / 1e9, statistics.median(vs_limit[s.name])
+        if np.isnan(bound):  # timed alone: against the copy limit's own processes
+            bound = w / statistics.median(warm[LIMIT])
+        print(f"{s.name:<46}{w:>12,.0f} seg/s{gbs:>6.1f}{bound:>8.2f}x{w / ref_warm:>7.2f}x", end="")
+        if s.name in cold:
+            c, mb = cold[s.name]["rate"], cold[s.name]["mb"]
+            print(f"{c:>8,.0f} seg/s{c / ref_cold:>7.2f}x{mb:>12,.0f} MB", end="")
         print()
-        print(f"{'system':<30}{'in page cache':>16}{'vs mrb':>8}{'cold':>12}{'vs mrb':>8}{'read from disk':>16}")
-        for s in systems:
-            w, c, mb = statistics.median(warm[s.name]), cold[s.name]["rate"], cold[s.name]["mb"]
-            print(f"{s.name:<30}{w:>12,.0f} seg/s{w / ref_warm:>7.2f}x", end="")
-            print(f"{c:>8,.0f} seg/s{c / ref_cold:>7.2f}x{mb:>12,.0f} MB")
-        print(
-            f"(in page cache: median of {args.rounds} rounds of {seconds:.0f}+ s; cold: {cold_batches} batches "
-            "right after evicting the system's files from the page cache)"
-        )
-    finally:
-        if cleanup:
-            shutil.rmtree(args.dir, ignore_errors=True)
+    print(
+        f"(in page cache: median of {args.rounds} rounds of {seconds:.0f}+ s; cold: {cold_batches} batches "
+        f"right after evicting the system's files from the page cache; GB/s: {SEGMENT_BYTES:,} bytes copied per "
+        f"segment; vs limit: against the copy limit timed in the same process, in {WINDOWS} windows alternating "
+        "with the system's (with prefetch, whose thread would run during the limit's windows: against the limit's "
+        "own rate); no row should exceed it by much)"
+    )
 
+
+LIMIT = CopyLimit.name
 
 if __name__ == "__main__":
     main()
