@@ -584,10 +584,11 @@ class Dataset(CollectionReads):
 
     @cached_property
     def quality(self) -> Quality:
-        """Quality checks and audits: ``quality.add(*checks)``, ``drop``, ``list``, ``check`` (see :class:`Quality`)."""
+        """Quality checks and audits: ``quality.add(*checks)``, ``drop``, ``list``, ``check``; quarantined
+        episodes: ``quality.quarantine()``, ``quality.release(ids)`` (see :class:`Quality`)."""
         from .ops.namespaces import Quality
 
-        return Quality(self, self._store)
+        return Quality(self, self._store, self._view)
 
     @property
     def _origin(self) -> Dataset:
@@ -886,6 +887,8 @@ class Dataset(CollectionReads):
             assert episode_ids is not None
             ids = check_ids(episode_ids)
             unknown = ids[~np.isin(ids, snap.index["episode_id"])]
+            if len(unknown):  # quarantined episodes are deleted like the others
+                unknown = unknown[~np.isin(unknown, self.quality.quarantine().snapshot().index["episode_id"])]
             if len(unknown):
                 raise ArgumentError(
                     f"delete: {len(unknown)} episode id(s) not in version {snap.version}: {unknown[:10].tolist()}"

@@ -210,7 +210,7 @@ def _summary_columns(f: FieldSpec, stored: Sequence[np.ndarray], target: pa.Sche
 
 def _source_rows(snap: Snapshot, positions: np.ndarray) -> pa.Table:
     """All table columns of the episodes at ``positions``, in that order."""
-    tbl = snap.arrow_dataset().to_table()
+    tbl = snap.visible_dataset().to_table()
     where = snap.positions_of(tbl["episode_id"].to_numpy())
     row_of_position = np.empty(snap.num_episodes, np.int64)
     row_of_position[where] = np.arange(tbl.num_rows)

@@ -9,7 +9,7 @@ first, so every verb sees them: read-your-writes).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -203,8 +203,10 @@ class Quality:
     CHECK`` in ``history()``); a refused call commits nothing.
     """
 
-    def __init__(self, dataset: EpisodeCollection, store: Store) -> None:
-        self._dataset, self._store = dataset, store
+    def __init__(
+        self, dataset: EpisodeCollection, store: Store, view: Callable[[Snapshot, np.ndarray], Any] | None = None
+    ) -> None:
+        self._dataset, self._store, self._view = dataset, store, view
 
     def list(self) -> tuple[Check, ...]:
         """The checks stored with this version, in the order they were added."""
@@ -251,6 +253,34 @@ class Quality:
             raise ArgumentError("quality.check: params= fills placeholders of where=; give where= too")
         collection = self._dataset if where is None else self._dataset.where(where, params)
         return audit(collection, checks)
+
+    def quarantine(self) -> Any:
+        """A view (``DatasetView``) of this version's quarantined episodes: committed, but left out of ``len``,
+        reads, SQL, ``stats()`` and sampling of the dataset. Their reads and SQL work on the view (its
+        ``episodes`` view shows ``checks_failed``); :meth:`release` or ``ds.delete(ids)`` ends the quarantine.
+        """
+        assert self._view is not None, "a Dataset makes its Quality with its view factory"
+        self._dataset.snapshot()  # read-your-writes: commit this object's pending episodes first
+        held = Snapshot(self._store, quarantined=True)
+        return self._view(held, np.arange(held.num_episodes))
+
+    def release(self, episode_ids: Iterable[int]) -> int:
+        """Put the quarantined ``episode_ids`` back among the dataset's episodes in one commit; the new version.
+
+        Ids that are not quarantined in this version are an :class:`ArgumentError` and nothing changes.
+        """
+        from ..write.gate import release
+
+        self._store.check_writable()
+        ids = check_ids(episode_ids)
+        held = self.quarantine().snapshot().index["episode_id"]
+        unknown = ids[~np.isin(ids, held)]
+        if len(unknown) or not len(ids):
+            raise ArgumentError(
+                f"quality.release: {len(unknown)} episode id(s) are not quarantined in version "
+                f"{self._store.version}: {unknown[:10].tolist()}" if len(ids) else "quality.release needs episode ids"
+            )
+        return release(self._store, np.unique(ids).tolist())
 
 
 class Edit:

@@ -326,7 +326,7 @@ def _cursor(
     state = _state(snap)
     state.check_files()
     cur = (state.sandbox if sandbox else state.db).cursor()
-    cur.register("episode_table", snap.arrow_dataset())
+    cur.register("episode_table", snap.visible_dataset())
     restriction = derived = join = ""
     if snap.derived.fields:
         cur.register("derived_table", snap.derived_values())

@@ -39,6 +39,7 @@ from ..storage.arrays import ArrayReader, split_ref
 from ..storage.engine import engine_usable
 from ..storage.faults import storage_fault
 from ..storage.planned import PlainArray, read_many
+from ..storage.rows import QUARANTINED
 from ..storage.side_table import ID, DerivedState, side_values
 from ..storage.store import Store
 from ..storage.table import EpisodeTable
@@ -182,11 +183,16 @@ class Snapshot:
     naming the file (and the episode, for tensors). With ``verify`` set, each
     episode's tensor rows are checked against their stored CRC-32 on its first
     read from this snapshot (a whole-episode read, then cached as verified).
+
+    Quarantined episodes (quality column ``quarantined`` true, ``write/gate.py``)
+    are left out of everything a snapshot reads (its index, table reads and the
+    SQL views over :meth:`arrow_dataset`); ``quarantined=True`` makes the
+    snapshot of exactly those instead (``ds.quality.quarantine()``).
     """
 
     verify = False
 
-    def __init__(self, store: Store, base: ScanBase | None = None) -> None:
+    def __init__(self, store: Store, base: ScanBase | None = None, quarantined: bool = False) -> None:
         """The store's table at its pinned version; tensors are read through the store's TensorStore context.
 
         ``base`` (:meth:`successor_base` of a snapshot of an older version of
@@ -200,7 +206,9 @@ class Snapshot:
         self.schema = store.schema.with_derived(self.derived.fields)
         self.checks = store.checks()  # the quality checks as of this version (core.quality)
         self.version = store.version
+        self.quarantined = quarantined
         self._dataset = store.table.dataset()
+        self._visible = _quarantine_filter(self._dataset.schema, quarantined)
         self._context: ts.Context | None = store.context
         self._lock = threading.Lock()
         self._fields: dict[str, np.ndarray] = {}
@@ -210,7 +218,7 @@ class Snapshot:
         self._verified: set[tuple[str, int]] = set()
         self._scan: IndexScan | None = None
         self._scan_lock = threading.Lock()
-        grows = base is not None and base.url == self.loc.url and base.version < self.version
+        grows = base is not None and base.url == self.loc.url and base.version < self.version and not quarantined
         self._base = base.scan if grows and base is not None else None
         self._base_columns = dict(base.columns) if grows and base is not None else {}
         self._base_derived = base.derived if grows and base is not None else None
@@ -252,7 +260,7 @@ class Snapshot:
     def _read_table(self, columns: list[str], dataset: pads.Dataset | None = None) -> pa.Table:
         """``columns`` of every row of the table (or of ``dataset``, some of its files); damage is CorruptionError."""
         try:
-            return (dataset or self.arrow_dataset()).to_table(columns=columns)
+            return (dataset or self.arrow_dataset()).to_table(columns=columns, filter=self._visible)
         except (OSError, pa.ArrowException) as exc:
             raise self.unreadable(columns, exc) from exc
 
@@ -281,9 +289,15 @@ class Snapshot:
         return CorruptionError(f"{where}: {exc}")
 
     def arrow_dataset(self):
+        """The table at this version as an Arrow dataset: every row (quarantined ones too)."""
         if self._dataset is None:  # unpickled in another process: reopen the pinned version
             self._dataset = EpisodeTable.open(self.loc, self.version).dataset()
         return self._dataset
+
+    def visible_dataset(self) -> pads.Dataset:
+        """The rows of the episodes this snapshot holds, as an Arrow dataset (what SQL views and copies read)."""
+        whole = self.arrow_dataset()
+        return whole if self._visible is None else whole.filter(self._visible)
 
     def successor_base(self) -> ScanBase | None:
         """What a snapshot of a newer version of this table can grow from (None before the index scan)."""
@@ -369,7 +383,7 @@ class Snapshot:
         picked = pads.FileSystemDataset(fragments, whole.schema, whole.format, whole.filesystem)
         start = 0
         try:
-            for batch in picked.to_batches(columns=columns):  # in file order, each file's rows in order
+            for batch in picked.to_batches(columns=columns, filter=self._visible):  # file order, each file's rows
                 piece = rows[start : start + batch.num_rows]
                 start += batch.num_rows
                 if len(piece) == batch.num_rows:
@@ -662,6 +676,18 @@ def _with_unset_rows(f: FieldSpec, values: np.ndarray, unset: np.ndarray) -> np.
 def table_key(table: pa.Table, row: int) -> tuple[int, int]:
     """The ``(created_at, episode_id)`` episode-order key of ``table``'s row ``row``."""
     return table.column("created_at")[row].cast(pa.int64()).as_py(), table.column("episode_id")[row].as_py()
+
+
+def _quarantine_filter(schema: pa.Schema, quarantined: bool) -> pc.Expression | None:
+    """The rows a snapshot holds: not quarantined (NULL: rows written before the column), or only quarantined ones.
+
+    None: the table has no quality columns, every row is kept (``quarantined`` asks for none of them).
+    """
+    if QUARANTINED not in schema.names:
+        return pc.scalar(False) if quarantined else None
+    # coalesce, not is_null: files written before the column hold none of it, and Arrow prunes them on is_null
+    flag = pc.coalesce(pc.field(QUARANTINED), pa.scalar(False))
+    return flag if quarantined else pc.invert(flag)
 
 
 def _episode_order(table: pa.Table) -> np.ndarray:

@@ -195,7 +195,9 @@ class EpisodeTable:
 
         def attempt() -> None:
             props = _props("APPEND", token, len(rows), 0)
-            write_deltalake(self.dt, rows, mode="append", schema_mode=_merged(self.dt, rows), commit_properties=props)
+            fitted = _fitted(self.dt, rows)
+            merge = _merged(self.dt, fitted)
+            write_deltalake(self.dt, fitted, mode="append", schema_mode=merge, commit_properties=props)
 
         return self._commit(attempt, token=token)
 
@@ -220,6 +222,7 @@ class EpisodeTable:
         def attempt() -> None:
             self.dt.update_incremental()
             rows, remove = plan()
+            rows = _fitted(self.dt, rows)
             token[0] = _rows_token(rows) if len(rows) else token[0] or uuid.uuid4().hex
             if not len(remove):
                 props = _props("APPEND", token[0], len(rows), 0)
@@ -711,10 +714,19 @@ def _lock_compaction(loc: Location) -> bool:
     return False
 
 
+def _fitted(dt: DeltaTable, rows: pa.Table) -> pa.Table:
+    """``rows`` with a NULL column for each column of the table they lack (the quality columns of a table that
+    has them, for rows built without: deletes, edits)."""
+    missing = [f for f in pa.schema(dt.schema().to_arrow()) if f.name not in rows.schema.names]
+    for f in missing:
+        rows = rows.append_column(f, pa.nulls(len(rows), f.type))
+    return rows
+
+
 def _merged(dt: DeltaTable, rows: pa.Table) -> Literal["merge"] | None:
-    """``"merge"`` when ``rows`` and the table differ in columns: the quality columns (``rows.QUALITY_COLUMNS``)
-    join a table with its first commit that needs them, and rows without them read NULL there."""
-    return None if set(rows.schema.names) == {f.name for f in dt.schema().fields} else "merge"
+    """``"merge"`` when ``rows`` have columns the table lacks: the quality columns (``rows.QUALITY_COLUMNS``)
+    join a table with its first commit that needs them (older rows read NULL there)."""
+    return None if set(rows.schema.names) <= {f.name for f in dt.schema().fields} else "merge"
 
 
 def _props(operation: str, token: str | None, added: int, removed: int) -> CommitProperties:

@@ -12,6 +12,9 @@
   ``warn`` failures are recorded in the batch (``EpisodeBatch.failed``), so
   the commit writes them to the quality columns (``storage.rows``).
 
+:func:`release` clears the flag of quarantined episodes in one commit (the
+table's one-commit add+remove, as eviction and edits use).
+
 A rejection is a :class:`QualityError` naming the episode, the constraint or
 check and the first failing step (constraints are judged first); the whole
 batch is refused and nothing of it is queued, so a bulk call that validates
@@ -28,16 +31,19 @@ from collections.abc import Callable
 
 import duckdb
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from ..core import lifecycle
 from ..core.constraints import check_constraints, constrained
 from ..core.episode import EpisodeBatch
-from ..core.errors import QualityError, QueryError
+from ..core.errors import CommitConflictError, QualityError, QueryError
 from ..core.quality import Check, failures_sql
 from ..core.summary import summarize
-from ..storage.rows import build_rows
+from ..storage.rows import QUALITY_COLUMNS, QUARANTINED, build_rows
 from ..storage.sql import connect, sql_template, steps_columns
 from ..storage.store import Store
+from ..storage.table import arrow_schema
 
 _DB: dict[int, duckdb.DuckDBPyConnection] = {}  # pid -> this process's sandboxed database for commit-time checks
 _DB_LOCK = threading.Lock()
@@ -106,6 +112,29 @@ def _failures(store: Store, checks: tuple[Check, ...], batch: EpisodeBatch):  # 
         ) from exc
     finally:
         cur.close()
+
+
+def release(store: Store, ids: list[int]) -> int:
+    """Clear the ``quarantined`` flag of episodes ``ids`` in one commit (their ``checks_failed`` stay); the version.
+
+    Planned at the latest version (again after a conflict): an episode no
+    longer there is a :class:`CommitConflictError` and nothing changes.
+    """
+    store.check_writable()
+    target = pa.unify_schemas([arrow_schema(store.schema), QUALITY_COLUMNS])
+
+    def plan() -> tuple[pa.Table, list[int]]:
+        rows = store.table.read(target.names, filter=pc.field("episode_id").isin(pa.array(ids, pa.int64())))
+        if rows.num_rows != len(ids):
+            gone = sorted(set(ids) - set(rows["episode_id"].to_pylist()))
+            raise CommitConflictError(f"quality.release: episodes {gone[:10]} are no longer stored: nothing changed")
+        rows = rows.select(target.names).cast(target)
+        at = rows.schema.get_field_index(QUARANTINED)
+        return rows.set_column(at, QUARANTINED, pa.array(np.zeros(len(rows), bool))), ids
+
+    version = store.table.commit(plan, operation="RELEASE")
+    store.committed()
+    return version
 
 
 def _database() -> duckdb.DuckDBPyConnection:
