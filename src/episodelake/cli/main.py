@@ -203,11 +203,15 @@ def cmd_delete(args: argparse.Namespace) -> int:
 def cmd_edit(args: argparse.Namespace) -> int:
     """``edit trim|split|set-meta PATH ...``: one edit, one commit (``--dry-run``: report it, commit nothing)."""
     from ..dataset import Dataset
+    from ..ops.schema_edit import SchemaEditReport
 
     ds = Dataset.open(args.path, storage_options=args.options, read_only=args.dry_run)
     report = args.edit(ds, args)
     if args.json:
         print(json.dumps(report.to_json()))
+        return 0
+    if isinstance(report, SchemaEditReport):  # drop-field, rename-field
+        print(report.describe())
         return 0
     verb = "would edit" if report.dry_run else "edited"
     new = f" into {report.new_ids}" if report.new_ids else ""
@@ -249,6 +253,39 @@ def _edit_set_meta(ds: Any, args: argparse.Namespace) -> Any:
         args.parser.error("give --ids or --where, not both")
     ids = None if args.ids is None else [int(v) for v in _csv(args.ids) or []]
     return ds.edit.set_meta(values, ids, where=args.where, dry_run=args.dry_run)
+
+
+def _edit_drop_field(ds: Any, args: argparse.Namespace) -> Any:
+    return ds.columns.drop(*args.keys, dry_run=args.dry_run)
+
+
+def _edit_rename_field(ds: Any, args: argparse.Namespace) -> Any:
+    return ds.columns.rename(args.old, args.new, dry_run=args.dry_run)
+
+
+def cmd_merge(args: argparse.Namespace) -> int:
+    """``merge SRC... DST``: the episodes of every SRC in one new dataset (``--dry-run``: check and count)."""
+    from ..dataset import Dataset, merge
+    from ..ops.merge import merged_schema
+
+    sources = [Dataset.open(src, storage_options=args.src_options, read_only=True) for src in args.src]
+    chosen = [s.where(args.where) if args.where else s for s in sources]
+    counts = [len(c) for c in chosen]
+    if args.dry_run:
+        schema = merged_schema([(s.location.url, s.schema) for s in sources])
+        report = {"dry_run": True, "episodes": sum(counts), "sources": dict(zip(args.src, counts, strict=True))}
+        if args.json:
+            print(json.dumps({**report, "fields": [f.key for f in schema.fields]}))
+        else:
+            print(f"would merge {sum(counts)} episodes ({', '.join(map(str, counts))} per source) into {args.dst}")
+        return 0
+    progress = False if args.quiet else None
+    merged = merge(chosen, args.dst, args.dst_options, overwrite=args.overwrite, progress=progress)
+    if args.json:
+        print(json.dumps({"dry_run": False, "episodes": len(merged), "dest": merged.location.url}))
+    else:
+        print(f"merged {len(merged)} episodes from {len(sources)} datasets into {merged.location.url}, verified")
+    return 0
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
@@ -575,7 +612,22 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("values", nargs="+", metavar="FIELD=VALUE", help="a JSON value (null unsets) or plain text")
     e.add_argument("--where", default=None, help="the episodes matching this SQL predicate (default: all)")
     e.add_argument("--ids", default=None, help="episode ids, comma-separated")
-    # edit drop-field / rename-field (ds.columns) register here with edit(name, func, help)
+    e = edit("drop-field", _edit_drop_field, "drop fields in one commit (older versions keep reading them)")
+    e.add_argument("keys", nargs="+", metavar="KEY", help="field keys (task, observation/camera, ...)")
+    e = edit("rename-field", _edit_rename_field, "rename a field in one commit (same role; tensors stay in place)")
+    e.add_argument("old", help="the field's key")
+    e.add_argument("new", help="its new key")
+
+    p = command("merge", cmd_merge, "merge datasets into one new dataset (new ids, a source column; verified)")
+    p.add_argument("src", nargs="+", help="source paths or URLs")
+    p.add_argument("dst", help="destination path or URL")
+    options(p, "--src-options", "every SRC")
+    options(p, "--dst-options", "DST")
+    p.add_argument("--where", default=None, help="merge only episodes matching this SQL predicate")
+    p.add_argument("--overwrite", action="store_true", help="replace a dataset that exists at DST")
+    p.add_argument("--dry-run", action="store_true", help="check the schemas and count the episodes, write nothing")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--json", action="store_true", help="print a JSON report")
 
     p = command("plot", cmd_plot, "write return and length histograms of a dataset to an image (png, svg, pdf)")
     p.add_argument("path", help="dataset path or URL")
@@ -661,7 +713,7 @@ def _storage_hint(args: argparse.Namespace, error: BaseException) -> str:
     urls = [v for v in vars(args).values() if isinstance(v, str) and "://" in v and not v.startswith("file://")]
     if NO_CREDENTIALS not in error.message and not urls:
         return ""
-    flags = "--src-options / --dst-options" if args.command == "copy" else "--options"
+    flags = "--src-options / --dst-options" if args.command in ("copy", "merge") else "--options"
     return (
         f'; give the storage\'s credentials with {flags} \'{{"key": "...", "secret": "..."}}\' '
         '(add "endpoint_url" for a server other than AWS) or set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY '

@@ -78,7 +78,7 @@ def merge(
     for store, _, _ in sources:
         if store.location.url == target.url:
             raise LocationError(f"cannot merge {target.url} into itself")
-    schema = _merged_schema([(store.location.url, snap.schema) for store, snap, _ in sources])
+    schema = merged_schema([(store.location.url, snap.schema) for store, snap, _ in sources])
     first = sources[0][0]
     out = Store.create(
         target,
@@ -119,8 +119,9 @@ def merge(
     return merged
 
 
-def _merged_schema(schemas: Sequence[tuple[str, DatasetSchema]]) -> DatasetSchema:
-    """The destination schema: the first source's base fields (arrays under their keys) plus :data:`LINEAGE`."""
+def merged_schema(schemas: Sequence[tuple[str, DatasetSchema]]) -> DatasetSchema:
+    """The destination schema of sources ``(url, schema)``: the first's base fields (arrays under their keys)
+    plus :data:`LINEAGE`; :class:`SchemaError` naming the source and field where they differ."""
     for url, schema in schemas:
         clash = [f.key for f in schema.fields if f.key in (SOURCE, SOURCE_ID)]
         if clash:

@@ -174,7 +174,8 @@ class Columns:
         reward field (:class:`SchemaError`) change nothing. Rules:
         :mod:`episodelake.ops.schema_edit`.
         """
-        self._store.check_writable()
+        if not dry_run:
+            self._store.check_writable()
         return drop_fields(self._store, self._dataset.snapshot(), list(keys), dry_run)
 
     def rename(self, old: str, new: str, *, dry_run: bool = False) -> SchemaEditReport:
@@ -183,7 +184,8 @@ class Columns:
         SQL, ``where()``, reads, ``stats()``, sampling and new episodes use
         the new key; older versions read the old one. Same refusals as :meth:`drop`.
         """
-        self._store.check_writable()
+        if not dry_run:
+            self._store.check_writable()
         return rename_field(self._store, self._dataset.snapshot(), old, new, dry_run)
 
 

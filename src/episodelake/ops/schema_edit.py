@@ -2,7 +2,7 @@
 
 Where the schema lives: the descriptor holds the schema at creation; a
 schema edit records the new one in the Delta schema of the version it
-commits (the field metadata of ``episode_id``, :data:`~episodelake.store.SCHEMA_KEY`),
+commits (the field metadata of ``episode_id``, :data:`~episodelake.table.SCHEMA_KEY`),
 which every later version carries (checkpoints included). A store takes the
 schema of its pinned version, so time travel to a version before the edit
 reads the dropped or renamed field as it was.
@@ -39,8 +39,8 @@ import pyarrow as pa
 from ..core.errors import ArgumentError, CommitConflictError, SchemaError
 from ..core.schema import DatasetSchema, FieldSpec
 from ..read.snapshot import Snapshot
-from ..storage.store import SCHEMA_KEY, Store
-from ..storage.table import arrow_schema
+from ..storage.store import Store
+from ..storage.table import SCHEMA_KEY, arrow_schema
 
 DROP, RENAME = "DROP FIELDS", "RENAME FIELD"
 
@@ -63,6 +63,12 @@ class SchemaEditReport:
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def describe(self) -> str:
+        """One line: what changed (or would), and the version."""
+        verb = "would change" if self.dry_run else "changed"
+        edits = ", ".join(f"{a} -> {b}" if b is not None else f"{a} dropped" for a, b in self.fields.items())
+        return f"{self.operation}: {verb} {edits} ({len(self.columns)} table columns); version {self.version}"
 
 
 def drop_fields(store: Store, snap: Snapshot, keys: Sequence[str], dry_run: bool) -> SchemaEditReport:
@@ -147,19 +153,22 @@ def _commit(
     if dry_run:
         return SchemaEditReport(operation, store.version, True, fields, columns, snap.num_episodes)
     planned = store.schema
-    source = arrow_schema(planned)
     target = arrow_schema(schema)
-    stamped = target.set(0, target.field(0).with_metadata({SCHEMA_KEY: schema.dumps().encode()}))
-    kept = [name for name in source.names if columns.get(name, name) is not None]
+    dropped = [name for name, renamed in columns.items() if renamed is None]
     rewritten = [0]
 
     def plan() -> pa.Table:
         store.load_schema()
         if store.schema is not planned:
             raise CommitConflictError(f"{operation}: the fields were edited concurrently: nothing was changed")
-        rows = store.table.read(source.names).select(source.names).cast(source).select(kept)
+        names = pa.schema(store.table.dt.schema().to_arrow()).names  # other columns (quality) stay as they are
+        rows = store.table.read(names).select(names).drop_columns(dropped)
+        rows = rows.rename_columns([columns.get(name) or name for name in rows.column_names])
+        fields = [target.field(n) if n in target.names else rows.schema.field(n) for n in rows.column_names]
+        at = rows.column_names.index("episode_id")
+        fields[at] = fields[at].with_metadata({SCHEMA_KEY: schema.dumps().encode()})
         rewritten[0] = rows.num_rows
-        return rows.rename_columns(target.names).cast(stamped)
+        return rows.cast(pa.schema(fields))
 
     version = store.table.rewrite(plan, operation)
     store.load_schema()

@@ -28,7 +28,7 @@ import pyarrow as pa
 from ..core.errors import ArgumentError
 from ..storage.side_table import DerivedState, side_values
 from ..storage.store import Store
-from ..storage.table import EpisodeTable, arrow_schema, read_table_file
+from ..storage.table import EpisodeTable, read_table_file
 
 
 @dataclass(frozen=True)
@@ -75,8 +75,12 @@ def _edited(store: Store, then: EpisodeTable, gone: set[str], new: set[str], bot
     if not len(both):
         return np.zeros(0, np.int64)
     per_step = {f.key for f in store.schema.step_fields}
-    columns = [c.name for c in arrow_schema(store.schema) if c.name not in per_step and not c.name.startswith("stats/")]
-    rows = [_rows_of(table, files, columns, both) for table, files in ((then, gone), (store.table, new))]
+
+    def columns(table: EpisodeTable) -> list[str]:  # each version's own: a schema edit changes every row
+        names = pa.schema(table.dt.schema().to_arrow()).names
+        return [c for c in names if c not in per_step and not c.startswith("stats/")]
+
+    rows = [_rows_of(table, files, columns(table), both) for table, files in ((then, gone), (store.table, new))]
     return np.asarray(sorted(eid for eid, row in rows[1].items() if rows[0].get(eid) != row), dtype=np.int64)
 
 

@@ -10,7 +10,7 @@ The table handle is pinned to one version; :meth:`Store.refresh` moves it to
 the latest unless the store was opened at a past version (``pinned``, always
 read-only). The schema is the pinned version's: the one a schema edit
 (``ds.columns.drop``/``rename``) recorded in that version's Delta schema
-(:data:`SCHEMA_KEY`, the metadata of the ``episode_id`` column), else the
+(:data:`~episodelake.table.SCHEMA_KEY`, the metadata of the ``episode_id`` column), else the
 descriptor's (the schema at creation). Whoever appends to the table calls :meth:`Store.committed`, which
 tells the subscribers (:meth:`Store.on_commit`) that the version moved.
 """
@@ -54,7 +54,6 @@ from .table import EpisodeTable, arrow_schema, log_problems
 from .tensors import TensorArray, make_context
 
 FORMAT_VERSION = 1
-SCHEMA_KEY = b"episodelake.schema"  # field metadata of episode_id: the schema of a version after a schema edit
 DEFAULT_DISK_CACHE_BYTES = 10 << 30  # bound of a disk cache opened without cache_bytes
 
 
@@ -267,7 +266,7 @@ class Store:
 
         An unchanged schema keeps its object (writers compare by identity).
         """
-        raw = (pa.schema(self.table.dt.schema().to_arrow()).field("episode_id").metadata or {}).get(SCHEMA_KEY)
+        raw = self.table.schema_stamp()
         if raw != self._recorded:
             self._recorded = raw
             self.schema = DatasetSchema.from_json(json.loads(raw) if raw is not None else self.descriptor["schema"])
@@ -304,8 +303,9 @@ class Store:
         evictor = self._evictor
         try:
             if evictor is None:
-                return self.table.append(rows)
-            return self.table.commit(lambda: evictor.plan(self.table, rows), landed=evictor.committed)
+                return self.table.append(rows, self._recorded)
+            plan = evictor.plan
+            return self.table.commit(lambda: plan(self.table, rows), landed=evictor.committed, stamp=self._recorded)
         except Exception:
             self.table.refresh()
             self.load_schema()

@@ -32,7 +32,14 @@ from deltalake import CommitProperties, DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 
 from ..core import lifecycle
-from ..core.errors import ArgumentError, CommitConflictError, CorruptionError, DatasetNotFoundError, EpisodeLakeError
+from ..core.errors import (
+    ArgumentError,
+    CommitConflictError,
+    CorruptionError,
+    DatasetNotFoundError,
+    EpisodeLakeError,
+    SchemaError,
+)
 from ..core.schema import DatasetSchema
 from ..core.stats import STAT_PARTS, has_stats, stat_column
 from . import layout
@@ -61,6 +68,8 @@ OPERATION_KEY = "episodelake.operation"
 ADDED_KEY = "episodelake.episodes_added"
 REMOVED_KEY = "episodelake.episodes_removed"
 TOKEN_KEY = "episodelake.commit"  # identifies one logical commit across its attempts (lost responses)
+SCHEMA_KEY = b"episodelake.schema"  # field metadata of episode_id: the schema of a version after a schema edit
+UNCHECKED = b""  # a commit's ``stamp`` when its rows fit any schema edit (never a recorded schema: JSON)
 
 
 def arrow_schema(schema: DatasetSchema) -> pa.Schema:
@@ -189,11 +198,32 @@ class EpisodeTable:
     def read(self, columns: list[str], filter: Any = None) -> pa.Table:
         return self.dataset().to_table(columns=columns, filter=filter)
 
-    def append(self, rows: pa.Table) -> int:
-        """Append ``rows`` in one commit (retrying conflicts); return the new version."""
+    def schema_stamp(self) -> bytes | None:
+        """The schema a schema edit recorded in the loaded version (:data:`SCHEMA_KEY`); None: the descriptor's."""
+        return (pa.schema(self.dt.schema().to_arrow()).field("episode_id").metadata or {}).get(SCHEMA_KEY)
+
+    def _check_stamp(self, stamp: bytes | None, rows: pa.Table) -> None:
+        """:class:`SchemaError` when a schema edit other than ``stamp`` is in the loaded version (``b""``: any)."""
+        if stamp != UNCHECKED and self.schema_stamp() != stamp:
+            raise SchemaError(
+                f"dataset {self.loc.url}: its fields were edited (version {self.version}) after these "
+                f"{len(rows)} episode(s) were recorded; they were not committed: reopen the dataset to write"
+            )
+
+    def append(self, rows: pa.Table, stamp: bytes | None = UNCHECKED) -> int:
+        """Append ``rows`` in one commit (retrying conflicts); return the new version.
+
+        ``stamp``: the :meth:`schema_stamp` the rows were built under; a
+        schema edit that lands first makes the commit conflict, and its retry
+        raises :class:`SchemaError` (:data:`UNCHECKED`: not checked).
+        """
         token = _rows_token(rows)
+        tries = [0]
 
         def attempt() -> None:
+            if tries[0]:  # after a conflict: a schema edit may have won it
+                self._check_stamp(stamp, rows)
+            tries[0] += 1
             props = _props("APPEND", token, len(rows), 0)
             fitted = _fitted(self.dt, rows)
             merge = _merged(self.dt, fitted)
@@ -206,6 +236,7 @@ class EpisodeTable:
         plan: Callable[[], tuple[pa.Table, Sequence[int]]],
         landed: Callable[[int], None] | None = None,
         operation: str | None = None,
+        stamp: bytes | None = UNCHECKED,
     ) -> int:
         """One commit that adds rows and removes episodes by id, as ``plan()`` says at the latest version.
 
@@ -216,12 +247,14 @@ class EpisodeTable:
         right after the commit (before any compaction). Returns the new version.
         History names it ``operation`` when given (edits: ``TRIM``, ``SPLIT``, ``SET META``), else
         ``APPEND``, ``EVICT`` (adds and removes) or ``DELETE`` (only removes).
+        ``stamp``: as for :meth:`append`.
         """
         token: list[str | None] = [None]
 
         def attempt() -> None:
             self.dt.update_incremental()
             rows, remove = plan()
+            self._check_stamp(stamp, rows)
             rows = _fitted(self.dt, rows)
             token[0] = _rows_token(rows) if len(rows) else token[0] or uuid.uuid4().hex
             if not len(remove):
