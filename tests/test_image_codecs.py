@@ -13,7 +13,7 @@ import zlib
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import episodelake as el
@@ -71,7 +71,8 @@ def to_layout(frames: np.ndarray, layout: str) -> np.ndarray:
 
 def round_trip(codec: str, layout: str, frame: np.ndarray) -> np.ndarray:
     blob = codecs.encode_frame(codec, None, layout, frame)
-    return codecs.chunk_decoder([codecs.lossy_codec(codec, None, layout)], (1, *frame.shape), np.dtype("uint8"))(blob)[0]
+    chain = [codecs.lossy_codec(codec, None, layout)]
+    return codecs.chunk_decoder(chain, (1, *frame.shape), np.dtype("uint8"))(blob)[0]
 
 
 # ---------------------------------------------------------------- the codecs alone

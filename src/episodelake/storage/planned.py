@@ -85,6 +85,7 @@ class PlainArray:
         # shard -> (per_shard, 2) offsets and sizes; committed shards never change
         self._indexes: dict[int, np.ndarray] = {}
         self._views: dict[int, np.ndarray] = {}  # raw chunks mapped from the disk cache (see _plan)
+        self._paths: dict[int, str] = {}  # object path per shard (or chunk, unsharded): one string join each
 
     @classmethod
     def open_many(cls, loc: Location, arrays: Sequence[tuple[str, int]], field: FieldSpec) -> list[PlainArray]:
@@ -105,9 +106,13 @@ class PlainArray:
         return out
 
     def _chunk_path(self, c: int) -> str:
-        return "/".join(
-            [self.dir, *layout.chunk_parts(c // self.per_shard if self.sharded else c, len(self.field.shape))]
-        )
+        key = c // self.per_shard if self.sharded else c
+        path = self._paths.get(key)
+        if path is None:
+            if len(self._paths) >= MAX_VIEWS:
+                self._paths.clear()
+            path = self._paths[key] = "/".join([self.dir, *layout.chunk_parts(key, len(self.field.shape))])
+        return path
 
     def _missing_shards(self, runs: Sequence[Run]) -> list[int]:
         if not self.sharded:
@@ -151,6 +156,7 @@ class PlainArray:
         rows_only = self.plain and not self.fetcher.caching
         slots: dict[int, int] = {}
         views = self._views
+        stats: dict[str, os.stat_result] = {}  # one stat per local file per batch, not per chunk
         for dst, src, n, eid in runs:
             row, end = src, src + n
             while row < end:
@@ -164,7 +170,7 @@ class PlainArray:
                     plan.copies.append((self, len(plan.views) - 1, _VIEW, at, r, k, eid, c))
                     continue
                 path, start, stop = self._chunk_range(c, eid)
-                hit = None if self.plain else codecs.decoded_cache.get(self._decoded_key(path, start, stop))
+                hit = None if self.plain else codecs.decoded_cache.get(self._decoded_key(path, start, stop, stats))
                 if hit is not None:
                     plan.views.append(hit)
                     plan.copies.append((self, len(plan.views) - 1, _VIEW, at, r, k, eid, c))
@@ -179,8 +185,11 @@ class PlainArray:
                         slots[c] = plan.add((path, start, stop), True)
                     plan.copies.append((self, slots[c], _CHUNK, at, r, k, eid, c))
 
-    def _decoded_key(self, path: str, start: int | None, stop: int | None) -> tuple[Any, ...] | None:
-        """The decoded-chunk cache key of stored bytes ``[start, stop)`` of ``path``.
+    def _decoded_key(
+        self, path: str, start: int | None, stop: int | None, stats: dict[str, os.stat_result] | None = None
+    ) -> tuple[Any, ...] | None:
+        """The decoded-chunk cache key of stored bytes ``[start, stop)`` of ``path`` (``stats``: local files'
+        stat results already taken for this batch, filled in).
 
         Object-store arrays are written once: the range names its bytes. A
         local file may be replaced (the single array's last chunk grows with
@@ -189,10 +198,14 @@ class PlainArray:
         """
         if not self.loc.is_local:
             return (path, start, stop)
-        try:
-            st = os.stat(path)
-        except OSError:
-            return None  # the read reports it
+        st = None if stats is None else stats.get(path)
+        if st is None:
+            try:
+                st = os.stat(path)
+            except OSError:
+                return None  # the read reports it
+            if stats is not None:
+                stats[path] = st
         return (path, start, stop, st.st_mtime_ns, st.st_size)
 
     def _keep_view(self, c: int, chunk: np.ndarray) -> None:
