@@ -395,3 +395,21 @@ def test_edits_on_s3(s3_server, s3_url):
     want = {ids[0]: cut(raws[0], 2, 6), new[0]: cut(raws[1], 0, 4), new[1]: cut(raws[1], 4, 6), ids[2]: raws[2]}
     reopened = el.Dataset.open(s3_url, storage_options=options)
     assert_dataset(reopened, [want[i] for i in reopened.episode_ids.tolist()])
+
+
+def test_many_episodes_are_replaced_over_their_id_range_and_the_others_stay(tmp_path):
+    path = str(tmp_path / "ds")
+    raws = raw_set(15, 100, max_length=6, min_length=2)
+    for i, r in enumerate(raws):
+        r.meta = {"task": "pick" if i % 3 else "place", "success": False}
+    ds = build(raws[:40], path, partition_by=["task"])
+    ds.append_episodes(r.as_dict(unwrap_action=True) for r in raws[40:])
+    ds.flush()
+    picked = [i for i in range(100) if i % 3]  # 66 (> 64) of 100, in two files, unedited neighbours between
+    report = ds.edit.set_meta({"success": True}, where="task = 'pick'")
+    assert len(report.episode_ids) == len(picked)
+    got = ds.sql("SELECT count(*) AS n FROM episodes WHERE success").fetchnumpy()["n"][0]
+    assert got == len(picked) and len(ds) == 100
+    ds.edit.trim(head=1, where="length >= 2")  # all 100: replaced over their id range
+    want = [cut(replace(r, meta={**r.meta, "success": bool(i % 3)}), 1, r.length) for i, r in enumerate(raws)]
+    assert_dataset(el.Dataset.open(path), want)

