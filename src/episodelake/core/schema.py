@@ -54,6 +54,8 @@ RESERVED_COLUMNS = frozenset(
         "reward",
         "extra",
         "t",
+        "checks_failed",
+        "quarantined",
     }
 )
 TABLE_STEP_LIMIT = 1024  # bytes per step under which "auto" stores a field in the table
