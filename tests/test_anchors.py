@@ -341,3 +341,21 @@ def test_predicates_over_observations_and_columns_they_do_not_name(lake):
     # a predicate that reads columns by pattern (COLUMNS) still sees every step column
     pattern = one_pass(ds, el.Anchors("COLUMNS('^rew') > 0.5"), 2)
     assert items(pattern) == reference(raw, 0.5, 0, 2, None)
+
+
+def test_anchors_over_a_derived_per_step_column_follow_its_versions(tmp_path):
+    raw = raw_episodes(5, [9, 14, 6])
+    derived = el.DatasetSchema([*schema().fields, el.FieldSpec("score", (), "float32", role="extra", derived=True)])
+    ds = el.Dataset.create(derived, str(tmp_path / "ds"))
+    ds.append_episodes(e.as_dict(unwrap_action=True) for e in raw)
+    ds.flush()
+    scores = [np.arange(ep.length, dtype=np.float32) % 4 for ep in raw]  # 3 at t = 3, 7, 11
+    ds.columns.update({"extra/score": scores})
+    high = el.Anchors('"extra/score" = 3', offset=-1)
+    expected = [(n, t - 1) for n, ep in enumerate(raw) for t in range(ep.length) if t % 4 == 3 and t + 1 <= ep.length]
+    assert items(one_pass(ds, high, 2)) == expected
+    state = ds.segment_stream(2, sampler=el.Sequential(), anchors=high).state_dict()
+    ds.columns.update({"extra/score": [np.full(ep.length, 3, np.float32) for ep in raw]})  # every step now
+    assert len(items(one_pass(ds, high, 2))) == sum(ep.length - 1 for ep in raw)
+    with pytest.raises(el.ArgumentError, match="state_dict"):  # same episodes, other anchors
+        ds.segment_stream(2, sampler=el.Sequential(), anchors=high).load_state_dict(state)
