@@ -302,6 +302,9 @@ def test_partitioned_disk_edits_survive_vacuum(tmp_path):
     assert report.unreferenced_rows > 0  # the trimmed-off rows: counted, kept with their array
     reopened = el.Dataset.open(path)
     assert_dataset(reopened, [want[i] for i in reopened.episode_ids.tolist()])
+    copy = reopened.copy_to(str(tmp_path / "copy"), progress=False)  # a copy holds only the referenced rows
+    assert copy.maintenance.vacuum(dry_run=True).unreferenced_rows == 0
+    assert_dataset(copy, [want[i] for i in copy.episode_ids.tolist()])
 
 
 def test_capacity_dataset_trims_and_refuses_a_split_over_capacity(tmp_path):
@@ -413,3 +416,22 @@ def test_many_episodes_are_replaced_over_their_id_range_and_the_others_stay(tmp_
     ds.edit.trim(head=1, where="length >= 2")  # all 100: replaced over their id range
     want = [cut(replace(r, meta={**r.meta, "success": bool(i % 3)}), 1, r.length) for i, r in enumerate(raws)]
     assert_dataset(el.Dataset.open(path), want)
+
+
+def test_dry_run_reads_only_and_required_meta_cannot_be_unset(tmp_path):
+    path = str(tmp_path / "ds")
+    fields = [*robot_schema().fields]
+    fields[-1] = el.FieldSpec("success", (), "bool", role="meta", required=True)
+    ds = el.Dataset.create(el.DatasetSchema(fields), path)
+    raws = raw_set(16, 3, min_length=3)
+    ds.append_episodes(r.as_dict(unwrap_action=True) for r in raws)
+    ds.flush()
+    reader = el.Dataset.open(path, read_only=True)
+    dry = reader.edit.trim(head=1, dry_run=True)
+    assert dry.dry_run and dry.steps_removed == 3 and reader.version == ds.version == 1
+    with pytest.raises(el.ReadOnlyError):
+        reader.edit.trim(head=1)
+    with pytest.raises(el.ValidationError, match="'success' is required"):
+        ds.edit.set_meta({"success": None})
+    assert el.Dataset.open(path).version == 1
+    assert_dataset(el.Dataset.open(path), raws)
