@@ -392,6 +392,18 @@ CASES: list[tuple[str, Callable[[el.Dataset], object], type[Exception], str]] = 
     # a learner that keeps up: follow=
     ("stream follow not bool", lambda ds: ds.segment_stream(2, follow=1), el.ArgumentError, r"follow must be a bool, got 1"),
     ("stream follow finite", lambda ds: ds.segment_stream(2, sampler=el.Uniform(replacement=False), follow=True), el.ArgumentError, r"follow=True applies to streams with replacement"),
+    # segments anchored on steps (sampling/anchors.py)
+    ("anchors not Anchors", lambda ds: ds.segment_stream(2, anchors="reward > 0"), el.ArgumentError, r"anchors must be None or el.Anchors"),
+    ("anchors predicate syntax", lambda ds: ds.segment_stream(2, anchors=el.Anchors("reward >")), el.QueryError, r"invalid Anchors predicate 'reward >'"),
+    ("anchors unknown column", lambda ds: ds.segment_stream(2, anchors=el.Anchors("depth > 0")), el.QueryError, r"invalid Anchors predicate 'depth > 0'.*depth"),
+    ("anchors offset float", lambda ds: ds.segment_stream(2, anchors=el.Anchors("reward > 0", offset=0.5)), el.ArgumentError, r"Anchors offset must be an int, got 0.5"),
+    ("anchors params missing", lambda ds: ds.segment_stream(2, anchors=el.Anchors("reward > ?")), el.QueryError, r"values for its placeholders \(1\) were not provided"),
+    ("anchors params not a list", lambda ds: ds.segment_stream(2, anchors=el.Anchors("reward > ?", params=3)), el.ArgumentError, r"Anchors: params must be a list or tuple"),
+    ("anchors weights not SQL", lambda ds: ds.segment_stream(2, anchors=el.Anchors("reward > 0", weights=1)), el.ArgumentError, r"Anchors weights must be None or a SQL expression, got 1"),
+    ("anchors weights negative", lambda ds: ds.segment_stream(2, anchors=el.Anchors("t >= 0", weights="-t")), el.ArgumentError, r"episode \d+ step 1 has weight -1.0"),
+    ("anchors weights in a pass", lambda ds: ds.segment_stream(2, sampler=el.Sequential(), anchors=el.Anchors("t >= 0", weights="1")), el.ArgumentError, r"weights apply to draws with replacement"),
+    ("anchors none found", lambda ds: ds.segment_stream(2, anchors=el.Anchors("t < 0")), el.ArgumentError, r"no segments to sample"),
+    ("transitions anchors weights prioritized", lambda ds: ds.sample_transitions(2, sampler=el.Prioritized(), anchors=el.Anchors("t >= 0", weights="1")), el.ArgumentError, r"anchors: weights apply to el.Uniform\(\) and el.Weighted draws"),
     # lineage: ds.changes, state files, el.stream_from_state (lineage.py, changes.py)
     ("changes negative version", lambda ds: ds.changes(-1), el.ArgumentError, r"since_version must be an int >= 0, got -1"),
     ("changes future version", lambda ds: ds.changes(ds.version + 1), el.ArgumentError, r"since_version \d+ is after this dataset's version"),
@@ -540,6 +552,12 @@ COVERS: dict[str, list[str]] = {
     "Shard(world)": ["stream shard world 0"],
     "Shard(policy)": ["stream shard policy"],
     "SegmentStream(follow)": ["stream follow not bool", "stream follow finite"],
+    "SegmentStream(anchors)": ["anchors not Anchors", "anchors unknown column", "anchors weights in a pass", "anchors none found"],
+    "sample_transitions(anchors)": ["transitions anchors weights prioritized"],
+    "Anchors(predicate)": ["anchors predicate syntax", "anchors unknown column"],
+    "Anchors(offset)": ["anchors offset float"],
+    "Anchors(params)": ["anchors params missing", "anchors params not a list"],
+    "Anchors(weights)": ["anchors weights not SQL", "anchors weights negative"],
     "Dataset.changes": ["changes negative version", "changes future version"],
     "save_state": ["save_state not a dict"],
     "load_state": ["load_state not JSON"],
@@ -600,7 +618,7 @@ def public_calls() -> dict[str, inspect.Signature]:
         "SegmentStream": SegmentStream.__init__,
         "sample_transitions": sample_transitions,
         "Dataset.copy_to": el.Dataset.copy_to,
-        **{cls.__name__: cls for cls in (el.Window, el.Uniform, el.Weighted, el.Prioritized, el.Shard)},
+        **{cls.__name__: cls for cls in (el.Window, el.Uniform, el.Weighted, el.Prioritized, el.Shard, el.Anchors)},
     }  # fmt: skip
     for owner, fn in per_argument.items():
         sig = inspect.signature(fn)
