@@ -435,3 +435,22 @@ def test_dry_run_reads_only_and_required_meta_cannot_be_unset(tmp_path):
         ds.edit.set_meta({"success": None})
     assert el.Dataset.open(path).version == 1
     assert_dataset(el.Dataset.open(path), raws)
+
+
+def test_edits_after_a_schema_edit_use_the_new_fields():
+    raws = raw_set(17, 4, min_length=3)
+    ds = build(raws)
+    ds.columns.drop("success")
+    ds.columns.rename("task", "label")
+    ids = ds.episode_ids.tolist()
+    ds.edit.trim({ids[0]: (1, 3)})
+    ds.edit.set_meta({"label": "x"}, [ids[1]])
+    with pytest.raises(el.ArgumentError, match="'task' is unknown"):
+        ds.edit.set_meta({"task": "y"})
+    want = cut(raws[0], 1, 3)
+    ref = ds.episode(0)
+    assert ref.length == 2 and ref.truncated == (raws[0].length != 3) and "success" not in ref.meta
+    np.testing.assert_array_equal(ref.read().data["observation/camera"], want.obs["camera"])
+    labels = [e.meta["label"] for e in ds.episodes()]
+    assert labels == [raws[0].meta["task"], "x", *(r.meta["task"] for r in raws[2:])]
+    assert ds.maintenance.validate().ok

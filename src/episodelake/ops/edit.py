@@ -330,6 +330,7 @@ def _commit(store: Store, old: pa.Table, rows: pa.Table, operation: str) -> int:
             raise CommitConflictError(f"{operation}: episodes {ids[:10]} changed concurrently: nothing was edited")
         return (pa.concat_tables([others, rows]) if span else rows), ids
 
-    version = store.table.commit(plan, operation=operation, span=span)
+    stamp = store.table.schema_stamp()  # the fields the rows were built under: a schema edit since refuses them
+    version = store.table.commit(plan, operation=operation, stamp=stamp, span=span)
     store.committed()
     return version
