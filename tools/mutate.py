@@ -63,6 +63,7 @@ MODULE_TESTS: dict[str, list[str]] = {
     "sampling/stream": ["test_sampling.py", "test_properties_sampling.py"],
     "sampling/planner": ["test_sampling.py", "test_properties_sampling.py"],
     "sampling/options": ["test_options.py", "test_bad_input.py"],
+    "sampling/anchors": ["test_anchors.py"],
     "sampling/prefetch": ["test_sampling.py", "test_shutdown.py"],
     "core/lifecycle": ["test_lifecycle.py"],
     "ops/namespaces": ["test_face.py", "test_maintenance.py", "test_derived.py", "test_bad_input.py"],
