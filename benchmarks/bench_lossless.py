@@ -5,11 +5,12 @@ Gaussian noise of sigma=1 grey level (seeded), as a real camera adds; and a synt
 sigma=0.7 noise. Every figure below is measured on the same frames in the same run.
 
 Part 1, per codec, one thread: compression ratio (raw bytes / stored bytes), bytes against the smallest
-lossless image codec measured ("x best", 1.00 = as small; the goal is within 10%: <= 1.10), encode and
-decode frames/s/core, and whether every frame came back exactly. ``zstd`` and ``blosc-zstd-bitshuffle``
-compress 8-frame chunks as a ``compression=`` field stores them; ``png``, WebP lossless and JPEG-XL lossless
-compress one frame each; ``webp-lossless`` and ``jpegxl-lossless`` are episodelake's codecs (its settings,
-through ``codecs.encode_frame`` / ``codecs.chunk_decoder``); the other image rows are reference settings.
+lossless image codec measured ("x best", 1.00 = as small; the goal is within 10%: <= 1.10), encode and decode
+frames/s/core (decode: best of three passes), and whether every frame came back exactly. ``zstd`` and
+``blosc-zstd-bitshuffle`` compress 8-frame chunks as a ``compression=`` field stores them; ``png``, WebP lossless and
+JPEG-XL lossless compress one frame each; ``webp-lossless`` and ``jpegxl-lossless`` are episodelake's codecs
+(its settings, through ``codecs.encode_frame`` / ``codecs.chunk_decoder``); the other image rows are reference
+settings.
 
 Part 2, datasets: the noisy frames stored raw, ``zstd``, ``blosc-zstd-bitshuffle``, ``webp-lossless`` and
 ``jpegxl-lossless``: bytes per frame on disk, write frames/s, and warm random sampling (B=32 segments of
@@ -121,9 +122,11 @@ def part1(title: str, frames: np.ndarray) -> None:
         t = time.perf_counter()
         blobs = encode(frames)
         enc = len(frames) / (time.perf_counter() - t)
-        t = time.perf_counter()
-        out = [decode(b) for b in blobs]
-        dec = len(frames) / (time.perf_counter() - t)
+        dec = 0.0
+        for _ in range(3):  # best of three passes: decoding is short, a burst of other load hits one pass
+            t = time.perf_counter()
+            out = [decode(b) for b in blobs]
+            dec = max(dec, len(frames) / (time.perf_counter() - t))
         back = np.concatenate([np.frombuffer(np.asarray(o).tobytes(), np.uint8) for o in out])
         exact = bool(np.array_equal(back, frames.reshape(-1)))
         rows.append((name, frames.nbytes / sum(len(b) for b in blobs), enc, dec, exact))

@@ -173,6 +173,30 @@ def test_dataset_reads_stats_and_checksums_are_of_the_written_frames(tmp_path, c
 
 
 @pytest.mark.parametrize("codec", EXACT)
+def test_partly_decoded_and_rewritten_shards_read_the_right_frames(tmp_path, codec):
+    """The decoded-chunk cache keeps a shard's frames as they are decoded: reads mixing decoded and missing
+    frames, and reads after the next commit rewrote the last shard, return the written frames."""
+    rng = np.random.default_rng(9)
+    raw = [rendered(rng, n + 1, 12, 10, 3, sigma=1.0) for n in (4, 6, 9)]
+    path = str(tmp_path / "ds")
+    ds = el.Dataset.create(schema((12, 10, 3), codec=codec, chunk_rows=8), path)  # 8 frames per shard
+    ds.append_episodes([episode(raw[0])])  # frames 0-4: shard 0 partly written
+    ds.flush()
+    codecs.decoded_cache.clear()
+    np.testing.assert_array_equal(el.Dataset.open(path).episode(0).read().all_obs, raw[0])  # frames 0-4 decoded
+    ds.append_episodes([episode(raw[1]), episode(raw[2])])  # shard 0 rewritten with frames 5-7 added
+    ds.flush()
+    ds.close()
+    fresh = el.Dataset.open(path)
+    np.testing.assert_array_equal(fresh.episode(1).read().all_obs, raw[1])  # part of shards 0 and 1 decoded
+    by_id = dict(zip(fresh.episode_ids.tolist(), raw, strict=True))
+    stream = fresh.segment_stream(3, batch_size=16, seed=1)
+    for batch in (stream.sample() for _ in range(4)):
+        for b, (eid, start) in enumerate(zip(batch.episode_id.tolist(), batch.start.tolist(), strict=True)):
+            np.testing.assert_array_equal(batch.all_obs[b], by_id[eid][start : start + 4])
+
+
+@pytest.mark.parametrize("codec", EXACT)
 def test_noisy_frames_take_fewer_bytes_than_zstd(tmp_path, codec):
     """σ=1 noise on rendered-like frames: the image codec stores less than the field's zstd chunks."""
     raw = [rendered(np.random.default_rng(4), 33, 48, 48, 3, sigma=1.0)]

@@ -376,6 +376,16 @@ def chunk_decoder(
     return lossless
 
 
+class FrameShard:
+    """The decoded frames of one shard of one-frame chunks (image codecs), filled in as frames are decoded: one
+    decoded-chunk cache entry per shard, so a warm segment copies its frames in one slice, not one per frame."""
+
+    def __init__(self, frames: int, shape: tuple[int, ...], dtype: np.dtype) -> None:
+        self.frames = np.empty((frames, *shape), dtype)
+        self.filled = np.zeros(frames, bool)  # set after its frame is written: a reader never sees a partial one
+        self.nbytes = self.frames.nbytes
+
+
 class ChunkCache:
     """Decoded chunks by key, the least recently used dropped past ``limit`` bytes (thread-safe).
 
@@ -388,10 +398,11 @@ class ChunkCache:
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.nbytes = 0
-        self._items: OrderedDict[Hashable, np.ndarray] = OrderedDict()
+        self._items: OrderedDict[Hashable, Any] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, key: Hashable | None) -> np.ndarray | None:
+    def get(self, key: Hashable | None) -> Any:
+        """The entry under ``key`` (a decoded chunk, or a :class:`FrameShard`), or None."""
         if key is None:
             return None
         with self._lock:
@@ -400,10 +411,11 @@ class ChunkCache:
                 self._items.move_to_end(key)
             return found
 
-    def put(self, key: Hashable | None, chunk: np.ndarray) -> None:
+    def put(self, key: Hashable | None, chunk: np.ndarray | FrameShard) -> None:
         if key is None or chunk.nbytes > self.limit:
             return
-        chunk.flags.writeable = False  # shared by every later batch
+        if isinstance(chunk, np.ndarray):
+            chunk.flags.writeable = False  # shared by every later batch
         with self._lock:
             old = self._items.pop(key, None)
             self.nbytes += chunk.nbytes - (0 if old is None else old.nbytes)

@@ -396,8 +396,13 @@ class WindowReader:
         array = tf.array_of[pos][item]
         used, which = np.unique(array, return_inverse=True)
         sources = tf.sources(used, self.nrows(tf.field))
-        # runs must stay inside one chunk for readers that copy chunk by chunk; TensorStore splits runs itself
-        split = [0 if isinstance(r, TensorArray) else r.chunk_rows for r in map(sources.__getitem__, used.tolist())]
+        # runs must stay inside one chunk (a shard of one-frame chunks) for readers that copy chunk by chunk;
+        # TensorStore splits runs itself
+        readers = [sources[a] for a in used.tolist()]
+        split = [
+            0 if isinstance(r, TensorArray) else r.run_rows if isinstance(r, PlainArray) else r.chunk_rows
+            for r in readers
+        ]
         chunk_rows = np.array(split, dtype=np.int64)[which]
         chunk = np.where(chunk_rows > 0, src // np.maximum(chunk_rows, 1), 0)
         brk = (np.diff(dst) != 1) | (np.diff(src) != 1) | (np.diff(array) != 0) | (np.diff(chunk) != 0)

@@ -82,6 +82,9 @@ class PlainArray:
         except ValueError as exc:
             raise CorruptionError(f"tensor array {self.where}: {exc}") from exc
         self.per_shard = outer // self.chunk_rows
+        # one-frame chunks (image codecs): the decoded-chunk cache keeps a shard's frames as one entry
+        self.by_shard = self.sharded and self.chunk_rows == 1 and not self.plain
+        self.run_rows = self.chunk_rows * self.per_shard if self.by_shard else self.chunk_rows  # a run's unit
         # shard -> (per_shard, 2) offsets and sizes; committed shards never change
         self._indexes: dict[int, np.ndarray] = {}
         self._views: dict[int, np.ndarray] = {}  # raw chunks mapped from the disk cache (see _plan)
@@ -158,6 +161,9 @@ class PlainArray:
         views = self._views
         stats: dict[str, os.stat_result] = {}  # one stat per local file per batch, not per chunk
         for dst, src, n, eid in runs:
+            if self.by_shard:
+                self._plan_frames(dst, src, n, eid, plan, slots, stats)
+                continue
             row, end = src, src + n
             while row < end:
                 c, r = divmod(row, R)
@@ -185,6 +191,32 @@ class PlainArray:
                         slots[c] = plan.add((path, start, stop), True)
                     plan.copies.append((self, slots[c], _CHUNK, at, r, k, eid, c))
 
+    def _plan_frames(
+        self, dst: int, src: int, n: int, eid: int, plan: _Plan, slots: dict[int, int], stats: dict[str, Any]
+    ) -> None:
+        """:meth:`_plan` of one run of one-frame chunks: each shard's frames in one copy when all are decoded
+        already (its :class:`~episodelake.core.codecs.FrameShard`), else each missing frame fetched and decoded."""
+        P, row, end = self.per_shard, src, src + n
+        while row < end:
+            r = row % P
+            k = min(end - row, P - r)
+            shard = codecs.decoded_cache.get(self._decoded_key(self._chunk_path(row), None, None, stats))
+            if shard is not None and shard.filled[r : r + k].all():
+                plan.views.append(shard.frames)
+                plan.copies.append((self, len(plan.views) - 1, _VIEW, dst + row - src, r, k, eid, row))
+                row += k
+                continue
+            for c in range(row, row + k):
+                at = dst + c - src
+                if shard is not None and shard.filled[c % P]:
+                    plan.views.append(shard.frames)
+                    plan.copies.append((self, len(plan.views) - 1, _VIEW, at, c % P, 1, eid, c))
+                    continue
+                if c not in slots:
+                    slots[c] = plan.add(self._chunk_range(c, eid), True)
+                plan.copies.append((self, slots[c], _CHUNK, at, 0, 1, eid, c))
+            row += k
+
     def _decoded_key(
         self, path: str, start: int | None, stop: int | None, stats: dict[str, os.stat_result] | None = None
     ) -> tuple[Any, ...] | None:
@@ -211,7 +243,15 @@ class PlainArray:
     def _keep_view(self, c: int, chunk: np.ndarray) -> None:
         """Keep decoded chunk ``c`` in the decoded-chunk cache, or raw chunk ``c`` (a view of a disk-cache
         entry's mapping) for later batches."""
-        if not self.plain:
+        if self.by_shard:
+            key = self._decoded_key(self._chunk_path(c), None, None)
+            shard = codecs.decoded_cache.get(key)
+            if shard is None:
+                shard = codecs.FrameShard(self.per_shard, self.field.shape, chunk.dtype)
+                codecs.decoded_cache.put(key, shard)
+            shard.frames[c % self.per_shard] = chunk[0]
+            shard.filled[c % self.per_shard] = True
+        elif not self.plain:
             codecs.decoded_cache.put(self._decoded_key(*self._chunk_range(c, -1)), chunk)
         elif self.fetcher.disk is not None:
             if len(self._views) >= MAX_VIEWS:
