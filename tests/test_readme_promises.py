@@ -8,6 +8,7 @@ targeted per-episode check can report it.
 
 from __future__ import annotations
 
+import argparse
 import glob
 import json
 import os
@@ -333,7 +334,11 @@ def test_demo_without_a_path_writes_episodelake_demo_in_the_working_directory(tm
 def test_every_command_takes_storage_options():
     parser = build_parser()
     (commands,) = [a for a in parser._actions if a.dest == "command"]
+    subcommands = {}
     for name, sub in commands.choices.items():
+        groups = [a for a in sub._actions if isinstance(a, argparse._SubParsersAction)]  # `edit trim`, ...
+        subcommands |= {f"{name} {n}": s for g in groups for n, s in g.choices.items()} if groups else {name: sub}
+    for name, sub in subcommands.items():
         if name == "lineage":  # prints a local state file; it opens no dataset, so it has no storage to reach
             continue
         flags = set(sub._option_string_actions)

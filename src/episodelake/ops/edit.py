@@ -323,8 +323,11 @@ def _commit(store: Store, old: pa.Table, rows: pa.Table, operation: str) -> int:
     """
     ids = old["episode_id"].to_pylist()
     span = len(ids) > ID_LIST_MAX and set(rows["episode_id"].to_pylist()) == set(ids)
+    read_at = store.table.version  # the version ``old`` was read at
 
     def plan() -> tuple[pa.Table, list[int]]:
+        if store.table.version == read_at and not span:
+            return rows, ids  # nothing landed since ``old`` was read
         now, others = _current_rows(store, ids, span)
         if not now.equals(old):
             raise CommitConflictError(f"{operation}: episodes {ids[:10]} changed concurrently: nothing was edited")
