@@ -203,10 +203,10 @@ def test_a_commit_does_not_wait_for_the_compaction_it_triggered(tmp_path, monkey
     gate, started = threading.Event(), threading.Event()
     real = table_mod.compact_table
 
-    def held(loc, dt):
+    def held(loc, dt, *shares):
         started.set()
         gate.wait()
-        real(loc, dt)
+        real(loc, dt, *shares)
 
     monkeypatch.setattr(table_mod, "compact_table", held)
     ds = el.Dataset.create(schema(), str(tmp_path / "ds"), commit_episodes=1)

@@ -133,6 +133,10 @@ class IndexScan:
     file: np.ndarray
     fragments: list[pads.Fragment]
     kept: int = 0  # leading positions whose episodes (and order) are those of the scan this one extends
+    # after files were removed (eviction, delete, compaction): each scan row's position in the scan this one
+    # grew from when its file is still there (its episode unchanged), else -1 (read from a file added since)
+    base_position: np.ndarray | None = None
+    base_lengths: np.ndarray | None = None  # the lengths of that scan's episodes, in its position order
 
     def rows_of_files(self, files: np.ndarray) -> list[np.ndarray]:
         """The scan rows of each table file in ``files``, in the file's own row order."""
@@ -350,17 +354,29 @@ class Snapshot:
         return tbl.drop_columns([FILE_COLUMN]), file if files is None else files[file]
 
     def _grow(self, base: IndexScan, fragments: list[pads.Fragment]) -> IndexScan | None:
-        """``base`` (an older version's scan) plus the files added since; None when a file was removed."""
+        """``base`` (an older version's scan) less the rows of files removed since, plus the files added since.
+
+        Table files are immutable, so rows of the files still there are the
+        same episodes: only the files added since are read (an eviction's
+        rewritten file among them). None when the columns changed.
+        """
         where = {f.path: j for j, f in enumerate(fragments)}
-        if any(f.path not in where for f in base.fragments):
-            return None  # compaction, delete or eviction rewrote the table: scan it all
         known = {f.path for f in base.fragments}
         new_files = np.array([j for j, f in enumerate(fragments) if f.path not in known], np.int64)
         added, file = self._scan_files(fragments, new_files)
         if not added.schema.equals(base.table.schema):
             return None
-        old_file = np.array([where[f.path] for f in base.fragments], dtype=np.int64)[base.file]
+        old_file = np.array([where.get(f.path, -1) for f in base.fragments], dtype=np.int64)[base.file]
         n_old = base.table.num_rows
+        if (old_file < 0).any():  # a delete, an eviction or a compaction removed files: episode order made again
+            stay = np.flatnonzero(old_file >= 0)
+            table = pa.concat_tables([base.table.take(pa.array(stay)), added])
+            position = np.empty(n_old, np.int64)
+            position[base.order] = np.arange(n_old)
+            from_base = np.concatenate([position[stay], np.full(added.num_rows, -1, np.int64)])
+            lengths = base.table.column("length").to_numpy()[base.order].astype(np.int64)
+            file = np.concatenate([old_file[stay], file])
+            return IndexScan(table, _episode_order(table), file, fragments, 0, from_base, lengths)
         table = pa.concat_tables([base.table, added])
         order = _episode_order(added) + n_old
         # appends by one writer come after every episode it had: positions stay, only new ones follow
@@ -500,20 +516,22 @@ class Snapshot:
             if f.key in self._fields:
                 return self._fields[f.key]
         first = 0  # positions before it: rows kept from the snapshot this one grew from
+        read: np.ndarray | None = None  # else the positions col holds (the others' rows kept from that snapshot)
         if f.derived:
             col = self.derived_values().column(f.key).combine_chunks()
         else:
-            col, first = self._table_column(f)
+            col, first, read = self._table_column(f)
+        positions = np.arange(first, self.num_episodes) if read is None else read
         with self._lock:
             listed = pc.list_value_length(col).to_numpy(zero_copy_only=False)
-            want = np.diff(self.offsets(f))[first:]
+            want = np.diff(self.offsets(f))[positions]
             unset = col.is_null().to_numpy(zero_copy_only=False)
             listed = np.where(unset, want, listed)
             if len(listed) != len(want) or (listed != want).any():
                 bad = int(np.flatnonzero(listed != want)[0]) if len(listed) == len(want) else 0
+                eid = int(self.index["episode_id"][positions[bad]])
                 raise CorruptionError(
-                    f"episode {int(self.index['episode_id'][first + bad])}: field {f.key!r} holds {listed[bad]} rows, "
-                    f"its length implies {want[bad]}"
+                    f"episode {eid}: field {f.key!r} holds {listed[bad]} rows, its length implies {want[bad]}"
                 )
             depth = 1 + len(f.shape) + (1 if f.np_dtype.kind == "c" else 0)
             values = flatten_lists(col, depth)
@@ -528,39 +546,68 @@ class Snapshot:
                 arr = _with_unset_rows(f, arr, np.repeat(unset, want))
             if first:
                 arr = append_rows(self._base_fields.pop(f.key), arr)
+            elif read is not None:
+                arr = self._around_kept(f, arr, read)
             self._fields[f.key] = arr
             return arr
 
-    def _table_column(self, f: FieldSpec) -> tuple[pa.Array, int]:
-        """``(f's list column in episode order from position first on, first)``.
+    def _around_kept(self, f: FieldSpec, arr: np.ndarray, read: np.ndarray) -> np.ndarray:
+        """All rows of ``f``: those of positions ``read`` (``arr``) and the kept ones of the older snapshot."""
+        scan = self.scan()
+        assert scan.base_position is not None and scan.base_lengths is not None
+        base = self._base_fields.pop(f.key)
+        source = scan.base_position[scan.order]
+        offsets = self.offsets(f)
+        rows = np.diff(offsets)
+        start = np.empty(len(rows), np.int64)
+        kept = source >= 0
+        base_rows = scan.base_lengths + extra_rows(f)
+        start[kept] = (np.cumsum(base_rows) - base_rows)[source[kept]]
+        start[read] = len(base) + np.cumsum(rows[read]) - rows[read]
+        pool = np.concatenate([base, arr])
+        return pool[np.repeat(start - offsets[:-1], rows) + np.arange(offsets[-1])]
+
+    def _table_column(self, f: FieldSpec) -> tuple[pa.Array, int, np.ndarray | None]:
+        """``(f's list column of the positions read, first, read)``: positions ``first`` on, or ``read``.
 
         After a grown scan (appends only) the positions kept from the older
         snapshot keep its decoded rows (``first`` = their number) and only the
         table files added since are read: a learner's refresh reads O(new
-        episodes). Otherwise the whole table is read (``first`` = 0).
+        episodes). After an eviction, a delete or a compaction, the episodes
+        of the files still there keep theirs and only those of the files added
+        since are read (``read``: their positions). Otherwise the whole table
+        is read (``first`` = 0, ``read`` None).
         """
         scan = self.scan()
-        kept = self._base_fields.get(f.key) if scan.kept else None
-        if kept is not None and len(kept) == self.offsets(f)[scan.kept]:
+        kept = self._base_fields.get(f.key)
+        read = None
+        if kept is not None and scan.kept and len(kept) == self.offsets(f)[scan.kept]:
+            read = np.arange(scan.kept, len(scan.order))
+        elif kept is not None and scan.base_position is not None and scan.base_lengths is not None:  # noqa: SIM102
+            if len(kept) == (scan.base_lengths + extra_rows(f)).sum():  # the older snapshot's rows all decoded
+                read = np.flatnonzero(scan.base_position[scan.order] < 0)
+        if read is not None:
             with self._lock:
                 if f.key not in self._new_rows:  # every field kept from the base, in one read of the new files
-                    self._new_rows.update(self._read_new_rows(scan, list(self._base_fields)))
-                return self._new_rows.pop(f.key), scan.kept
+                    self._new_rows.update(self._read_rows(scan, list(self._base_fields), read))
+                col = self._new_rows.pop(f.key)
+            return (col, scan.kept, None) if scan.kept else (col, 0, read)
         self._base_fields.pop(f.key, None)
         tbl = self._read_table(["episode_id", f.key])
         pos = self.positions_of(tbl.column("episode_id").to_numpy())
-        return tbl.column(f.key).combine_chunks().take(pa.array(np.argsort(pos))), 0
+        return tbl.column(f.key).combine_chunks().take(pa.array(np.argsort(pos))), 0, None
 
-    def _read_new_rows(self, scan: IndexScan, keys: list[str]) -> dict[str, pa.Array]:
-        """Columns ``keys`` of the episodes after ``scan.kept``, in episode order, read from their files only."""
-        new_rows = scan.order[scan.kept :]
-        pos = np.empty(scan.table.num_rows, np.int64)
-        pos[new_rows] = np.arange(scan.kept, len(scan.order))
-        pieces = list(self.read_files(keys, np.unique(scan.file[new_rows])))
+    def _read_rows(self, scan: IndexScan, keys: list[str], positions: np.ndarray) -> dict[str, pa.Array]:
+        """Columns ``keys`` of the episodes at ``positions`` (increasing), in that order, read from their files only."""
+        rows = scan.order[positions]
+        at = np.full(scan.table.num_rows, -1, np.int64)
+        at[rows] = np.arange(len(rows))
+        pieces = [(at[r], t) for r, t in self.read_files(keys, np.unique(scan.file[rows]))]
+        pieces = [(a[a >= 0], t.filter(pa.array(a >= 0))) for a, t in pieces]
         if not pieces:
             schema = self.arrow_dataset().schema
             return {k: pa.array([], schema.field(k).type) for k in keys}
-        order = pa.array(np.argsort(np.concatenate([pos[rows] for rows, _ in pieces]), kind="stable"))
+        order = pa.array(np.argsort(np.concatenate([a for a, _ in pieces]), kind="stable"))
         return {k: pa.concat_arrays([t.column(k).combine_chunks() for _, t in pieces]).take(order) for k in keys}
 
     def tensor_array(self, writer: str, f: FieldSpec, commit: int = 0) -> ArrayReader:
