@@ -239,7 +239,8 @@ def test_constraints_on_s3(s3_server, s3_url):
     ds.flush()
     version = ds.version
     bad = [ep(np.arange(4.0), np.zeros(3, np.float32)), ep(np.array([0, 1, 1, 2.0]), np.zeros(3, np.float32))]
-    with pytest.raises(el.QualityError, match=r"episode 1: field 'observation/t' fails monotonic='increasing' at step 2"):
+    message = r"episode 1: field 'observation/t' fails monotonic='increasing' at step 2"
+    with pytest.raises(el.QualityError, match=message):
         ds.append_episodes(bad)
     ds.flush()
     assert ds.version == version

@@ -730,6 +730,7 @@ class Dataset(CollectionReads):
         commit_bytes: int = 256 << 20,
         commit_seconds: float = 30.0,
         lengths: ArrayLike | None = None,
+        checks: Iterable[Check] = (),
     ) -> Dataset:
         """Create a dataset from dict-form episodes (or columns with ``lengths``) and commit them.
 
@@ -739,7 +740,8 @@ class Dataset(CollectionReads):
         ``extras``, ``terminated``/``truncated`` (bool, or bool[T] set only on
         the last step) and ``meta`` (dict). Roles may be nested dicts. The
         schema is inferred from the first episode unless given. The keyword
-        options are :meth:`create`'s; ``lengths``: see :meth:`append_episodes`.
+        options are :meth:`create`'s (``checks`` too: the episodes given pass
+        them at commit); ``lengths``: see :meth:`append_episodes`.
         Bulk: one commit per large batch (see :mod:`bulk`).
         """
         if lengths is not None:
@@ -766,6 +768,7 @@ class Dataset(CollectionReads):
             commit_episodes=commit_episodes,
             commit_bytes=commit_bytes,
             commit_seconds=commit_seconds,
+            checks=checks,
         )
         if lengths is not None:
             ds.append_episodes(episodes, lengths=lengths)

@@ -425,17 +425,25 @@ class VectorEpisodeWriter:
                 raise ValidationError(f"env {i}, {exc}") from exc
             plan.append((i, checked, obs_i if ended and self.mode == "same_step" else None))
         self._ended = [w if w is not None and w.awaiting_meta else None for w in self._ended]
+        rejected: list[tuple[int, QualityError]] = []  # every env's step is applied before a rejection is raised
         for i, checked, obs_i in plan:
             if isinstance(checked, dict):  # reset row: start the next episode with this row's meta
                 self.writers[i] = self._start(i, obs_i)
                 self.writers[i]._meta.update(checked)
                 continue
             writer = self.writers[i]
-            writer._apply(*checked)
+            try:
+                writer._apply(*checked)
+            except QualityError as exc:  # the ended episode was refused (discarded); the env goes on
+                rejected.append((i, exc))
             if writer.done:
                 self._ended[i] = writer
             if obs_i is not None:
                 self.writers[i] = self._start(i, obs_i)
+        if rejected:
+            i, exc = rejected[0]
+            more = f" ({len(rejected) - 1} more env(s) rejected too)" if len(rejected) > 1 else ""
+            raise QualityError(f"env {i}, {exc}{more}", exc.check, exc.episode, exc.step) from exc
 
     def _row_meta(self, meta: Sequence[Meta | None] | Callable[[int], Meta | None] | None) -> list[Meta]:
         if meta is None:
