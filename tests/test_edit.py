@@ -454,3 +454,26 @@ def test_edits_after_a_schema_edit_use_the_new_fields():
     labels = [e.meta["label"] for e in ds.episodes()]
     assert labels == [raws[0].meta["task"], "x", *(r.meta["task"] for r in raws[2:])]
     assert ds.maintenance.validate().ok
+
+
+def test_a_stream_state_taken_before_an_edit_resumes_on_the_version_it_recorded(tmp_path):
+    path = str(tmp_path / "ds")
+    raws = raw_set(18, 5, min_length=4)
+    ds = build(raws, path)
+    ids = ds.episode_ids.tolist()
+    stream = ds.segment_stream(2, batch_size=4, sampler=el.Uniform(replacement=False), seed=3, prefetch=0)
+    it = iter(stream)
+    next(it)
+    state = stream.state_dict()
+    following = [np.asarray(next(it).data["reward"]) for _ in range(2)]
+    stream.close()
+    ds.edit.trim({i: (0, 1) for i in ids})  # every episode down to one transition
+    resumed = el.stream_from_state(state)
+    again = iter(resumed)
+    for want in following:  # the recorded version, not the edited one
+        np.testing.assert_array_equal(np.asarray(next(again).data["reward"]), want)
+    resumed.close()
+    fresh = ds.segment_stream(1, batch_size=5, sampler=el.Sequential(), prefetch=0)
+    got = np.sort(np.asarray(next(iter(fresh)).data["reward"]).reshape(-1))
+    fresh.close()
+    np.testing.assert_array_equal(got, np.sort([r.reward[0] for r in raws]))
