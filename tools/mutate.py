@@ -66,7 +66,8 @@ MODULE_TESTS: dict[str, list[str]] = {
     "sampling/anchors": ["test_anchors.py"],
     "sampling/prefetch": ["test_sampling.py", "test_shutdown.py"],
     "core/lifecycle": ["test_lifecycle.py"],
-    "ops/namespaces": ["test_face.py", "test_maintenance.py", "test_derived.py", "test_bad_input.py"],
+    "ops/namespaces": ["test_face.py", "test_maintenance.py", "test_derived.py", "test_bad_input.py", "test_edit.py"],
+    "ops/edit": ["test_edit.py"],
     "read/collection": ["test_collection.py", "test_concat.py"],
     "read/selection": ["test_query.py", "test_properties_selection.py"],
     "read/query": [
