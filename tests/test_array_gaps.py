@@ -138,6 +138,7 @@ def two_writers(s3_server, s3_url):
     return el.Dataset.open(s3_url, storage_options=opts), s3fs.S3FileSystem(use_listings_cache=False, **opts)
 
 
+@pytest.mark.slow
 def test_two_writers_leave_arrays_without_gaps(two_writers):
     ds, fs = two_writers
     assert len(ds) == 60
@@ -154,6 +155,7 @@ def test_two_writers_leave_arrays_without_gaps(two_writers):
     assert ds.maintenance.validate().ok
 
 
+@pytest.mark.slow
 def test_vacuum_finds_and_removes_an_aborted_commit(two_writers, s3_server, monkeypatch):
     ds, fs = two_writers
     opts = s3_server.storage_options
@@ -200,6 +202,7 @@ def old_release(tmp_path):
     return str(tmp_path / "old" / "src")
 
 
+@pytest.mark.slow
 def test_datasets_written_by_0_1_0_still_read_and_accept_new_commits(old_release, s3_server, s3_url):
     opts = s3_server.storage_options
     env = {"PYTHONPATH": f"{old_release}:{REPO}", "PATH": "/usr/bin:/bin"}

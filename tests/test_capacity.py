@@ -118,6 +118,7 @@ def spawn_worker(*args: str) -> subprocess.Popen:
     )
 
 
+@pytest.mark.slow
 def test_reader_process_keeps_its_snapshot_while_a_writer_process_evicts_it(tmp_path):
     """A reader process pinned before the evictions reads every episode it saw, intact, until vacuum."""
     path = str(tmp_path / "ds")
@@ -154,6 +155,7 @@ def tensor_bytes(root: Path) -> int:
     return sum(os.path.getsize(os.path.join(b, f)) for b, _, fs in os.walk(root / "tensors") for f in fs)
 
 
+@pytest.mark.slow
 def test_vacuum_keeps_tensor_bytes_bounded_without_rewriting_live_arrays(tmp_path):
     capacity, per_commit, every, max_len = 60, 3, 4, 11
     path = tmp_path / "ds"

@@ -64,6 +64,7 @@ def test_debug_shows_the_traceback(tmp_path, where):
     assert proc.stderr.rstrip().splitlines()[-1].startswith("episodelake.core.errors.DatasetNotFoundError")
 
 
+@pytest.mark.slow
 def test_query_errors_and_bad_options(local_ds):
     path, _ = local_ds
     assert "nope" in one_error_line(run_cli("sql", path, "SELECT nope FROM episodes"))
@@ -99,6 +100,7 @@ def test_stdout_closed_before_any_output_ends_quietly(local_ds):
     assert err == ""
 
 
+@pytest.mark.slow
 def test_head_closing_the_pipe_mid_output_ends_quietly(local_ds):
     path, _ = local_ds
     # about 2 MB of JSON rows: far more than a pipe buffer, so writes continue after head exits
@@ -210,6 +212,7 @@ def assert_same_histograms(png: Path, collection, tmp_path: Path, bins: int) -> 
         assert panel.mean() > 0.01
 
 
+@pytest.mark.slow
 def test_plot_and_stats_plot_draw_the_histograms(local_ds, tmp_path):
     path, raws = local_ds
     out = tmp_path / "p.png"

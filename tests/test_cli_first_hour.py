@@ -70,6 +70,7 @@ SCHEMA = el.DatasetSchema(
 )
 
 
+@pytest.mark.slow
 def test_info_at_a_past_version_names_the_latest(tmp_path):
     path = tmp_path / "ds"
     rng = np.random.default_rng(0)
@@ -91,6 +92,7 @@ def test_info_at_a_past_version_names_the_latest(tmp_path):
     assert f"version {latest} (latest {latest})" in proc.stdout.splitlines()[0]
 
 
+@pytest.mark.slow
 def test_copy_compression_applies_to_lossless_fields_and_keeps_the_camera_codec(tmp_path):
     rng = np.random.default_rng(1)
     raws = [episode(6, rng), episode(4, rng)]
@@ -129,6 +131,7 @@ def no_credentials_env(tmp_path: Path) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("command", ["info", "copy"])
+@pytest.mark.slow
 def test_s3_without_credentials_says_how_to_pass_them(tmp_path, command):
     env = no_credentials_env(tmp_path)
     if command == "info":
@@ -142,6 +145,7 @@ def test_s3_without_credentials_says_how_to_pass_them(tmp_path, command):
     assert flag in line and "AWS_ACCESS_KEY_ID" in line and '"key"' in line and '"secret"' in line
 
 
+@pytest.mark.slow
 def test_demo_refuses_a_folder_that_holds_something(tmp_path):
     folder = tmp_path / "mine"
     (folder / "notes").mkdir(parents=True)
@@ -153,6 +157,7 @@ def test_demo_refuses_a_folder_that_holds_something(tmp_path):
         assert tree(folder) == before  # nothing written, nothing removed
 
 
+@pytest.mark.slow
 def test_demo_replaces_an_earlier_demo_only_with_overwrite(tmp_path):
     folder = tmp_path / "demo"
     folder.mkdir()  # an empty folder is as good as a new one

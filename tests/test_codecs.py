@@ -413,6 +413,7 @@ def multiset(batches):
 
 
 @pytest.mark.parametrize("context", ["fork", "spawn"])
+@pytest.mark.slow
 def test_dataloader_workers_read_every_codec(every_codec, context):
     torch = pytest.importorskip("torch")
     from torch.utils.data import DataLoader
@@ -578,6 +579,7 @@ def test_chunk_cache_is_bounded_least_recently_used():
     assert subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True).stdout.strip() == "0"
 
 
+@pytest.mark.slow
 def test_missing_imagecodecs_names_the_extra(tmp_path):
     """Without imagecodecs a lossy write fails with MissingDependencyError naming the camera extra."""
     code = f"""

@@ -100,6 +100,7 @@ def run_concurrent(path: str, writers: int, episodes: int, per_commit: int, chec
     return {"writers": writers, "episodes": writers * episodes, "commits": len(early.history()) - 1, "reads": reads}
 
 
+@pytest.mark.slow
 def test_concurrent_appends(tmp_path):
     figures = run_concurrent(str(tmp_path / "ds"), writers=4, episodes=12, per_commit=2)
     print("concurrency:", figures)

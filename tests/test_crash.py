@@ -197,6 +197,7 @@ def finish_and_vacuum(path: str) -> None:
     assert (again.tensor_arrays, again.truncated) == ([], [])
 
 
+@pytest.mark.slow
 def test_sigkill_trials(tmp_path):
     path = str(tmp_path / "ds")
     figures = run_trials(path, trials=36, seed=0)

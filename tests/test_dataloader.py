@@ -66,6 +66,7 @@ def test_forked_workers_match_single_process(raw_lake, pad):
         check_batch(b, raw_by_id(ds, raw), 6)
 
 
+@pytest.mark.slow
 def test_spawned_workers_read_compressed_tensors(zstd_lake):
     ds, raw = zstd_lake
     segs = ds.segments(el.Window(5, pad="suffix", stride=2))

@@ -14,6 +14,7 @@ import zlib
 from pathlib import Path
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -108,6 +109,7 @@ for i in range(int(sys.argv[3])):
 """
 
 
+@pytest.mark.slow
 def test_processes_filling_one_cache_leave_only_whole_verified_entries(tmp_path):
     n, bound = 150, 200_000  # more than the bound: eviction runs while others write
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}

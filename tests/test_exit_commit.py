@@ -72,6 +72,7 @@ def check_episodes(url: str, options: dict, count: int) -> None:
 
 
 @pytest.mark.parametrize("holder", ["global", "local"])
+@pytest.mark.slow
 def test_normal_exit_commits_finished_episodes(target, holder):
     url, options = target
     proc = start(url, options, 5, "--holder", holder, "--open")
@@ -82,6 +83,7 @@ def test_normal_exit_commits_finished_episodes(target, holder):
     check_episodes(url, options, 5)  # the still running 6th episode is not committed
 
 
+@pytest.mark.slow
 def test_uncaught_exception_commits_finished_episodes(target):
     url, options = target
     proc = start(url, options, 4, "--end", "raise")
@@ -92,6 +94,7 @@ def test_uncaught_exception_commits_finished_episodes(target):
     check_episodes(url, options, 4)
 
 
+@pytest.mark.slow
 def test_ctrl_c_commits_finished_episodes(target):
     url, options = target
     proc = start(url, options, 4, "--end", "wait", "--open")
@@ -103,6 +106,7 @@ def test_ctrl_c_commits_finished_episodes(target):
     check_episodes(url, options, 4)
 
 
+@pytest.mark.slow
 def test_ctrl_c_while_recording_commits_each_finished_episode_once(tmp_path):
     # Small commits: the SIGINT often lands inside one. The dataset must hold exactly the episodes
     # 0..k-1 for some k >= the count finished before the signal: none lost, none twice, none torn.
@@ -117,6 +121,7 @@ def test_ctrl_c_while_recording_commits_each_finished_episode_once(tmp_path):
     check_episodes(url, {}, len(ds))
 
 
+@pytest.mark.slow
 def test_ctrl_c_inside_a_commit_never_commits_an_episode_twice(tmp_path):
     # The SIGINT arrives right after the first commit (episodes 0-2) was recorded; the interrupt must wait
     # until the sink forgot them, or the exit commit would store them a second time.
@@ -128,6 +133,7 @@ def test_ctrl_c_inside_a_commit_never_commits_an_episode_twice(tmp_path):
     check_episodes(url, {}, 3)
 
 
+@pytest.mark.slow
 def test_sigkill_loses_only_uncommitted_episodes(target):
     url, options = target
     proc = start(url, options, 10, "--end", "wait", "--commit-episodes", "4")

@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import episodelake as el
 
 from .workers.replay import episode, schema
@@ -33,6 +35,7 @@ def run_cli(*args: str) -> str:
     return done.stdout
 
 
+@pytest.mark.slow
 def test_every_operation_is_named_in_history_and_the_cli(tmp_path):
     path = str(tmp_path / "ds")
     capacity = {"episodes": 5, "retention_hours": 0, "break_old_versions": True, "vacuum_every": 10**6}

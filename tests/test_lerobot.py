@@ -228,6 +228,7 @@ def v3_source(
 # ---------------------------------------------------------------- import
 
 
+@pytest.mark.slow
 def test_import_v3_layout_every_value(tmp_path):
     root, frames = v3_source(tmp_path)
     ds = import_dataset("lerobot", root, str(tmp_path / "el"))
@@ -540,6 +541,7 @@ def test_export_rejects_and_leaves_nothing(tmp_path):
         to_lerobot(ds, out, fps=10)
 
 
+@pytest.mark.slow
 def test_cli_import_and_export(tmp_path):
     root, frames = v3_source(tmp_path, lengths=(5, 4), done=(False, True), files=(0, 0))
     proc = subprocess.run(

@@ -163,6 +163,7 @@ def test_missing_meta_values_and_no_meta(tmp_path):
     np.testing.assert_array_equal(again.episode(0).read().action, np.arange(3))
 
 
+@pytest.mark.slow
 def test_cli_round_trip(tmp_path):
     """The user's path: ``episodelake export lerobot`` then ``episodelake import lerobot``, in processes."""
     ds, _ = source(str(tmp_path / "src"))

@@ -239,6 +239,7 @@ write_stepwise(ds, episode(seed, table.COMPACT_EVERY))  # pending: committed at 
 """
 
 
+@pytest.mark.slow
 def test_exit_commits_joins_the_stream_and_the_compaction_and_exits_0(tmp_path):
     url = str(tmp_path / "ds")
     result = run_script(EXIT_SCRIPT, url, str(SEED))

@@ -44,6 +44,7 @@ def reference(ds: el.Dataset, case: str, seed: int) -> list[dict[str, np.ndarray
     return batches[K:]
 
 
+@pytest.mark.slow
 def test_checkpoint_resumes_bit_identically_in_a_fresh_process(tmp_path):
     path = str(tmp_path / "ds")
     build_robot_dataset(path, seed=4, episodes=30, per_commit=10, max_length=20)
@@ -231,6 +232,7 @@ def test_state_files_keep_arrays_and_big_ints_exactly(arrays, big):
         np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.slow
 def test_cli_lineage_prints_the_state(disk_dataset, tmp_path):
     ds = disk_dataset
     stream = ds.where("task = 'place'").segment_stream(

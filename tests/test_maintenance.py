@@ -15,6 +15,7 @@ import shutil
 import uuid
 
 import numpy as np
+import pytest
 from deltalake import DeltaTable
 
 import episodelake as el
@@ -47,6 +48,7 @@ def check(path: str) -> el.Dataset:
     return ds
 
 
+@pytest.mark.slow
 def test_vacuum_removes_crash_leftovers_only(tmp_path, capsys):
     path = str(tmp_path / "ds")
     el.Dataset.create(crash_schema(), path, partition_by=["task"])

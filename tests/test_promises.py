@@ -523,6 +523,7 @@ def test_cli_copy_where_compression_src_options(small_ds, s3_server, s3_url, tmp
 
 
 @pytest.mark.parametrize("context", ["fork", "spawn"])
+@pytest.mark.slow
 def test_in_memory_dataset_in_dataloader_workers(context):
     torch = pytest.importorskip("torch")
     torch.set_num_threads(1)

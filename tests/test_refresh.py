@@ -226,6 +226,7 @@ def test_a_commit_does_not_wait_for_the_compaction_it_triggered(tmp_path, monkey
     assert len(reopened) == table_mod.COMPACT_EVERY + 3 and reopened.maintenance.validate().ok
 
 
+@pytest.mark.slow
 def test_a_compaction_running_at_exit_is_joined(tmp_path):
     """A script whose last commit starts a compaction exits 0, and the compaction completed (no lock left)."""
     code = textwrap.dedent(

@@ -176,6 +176,7 @@ def _append_worker(url: str, opts: dict, seed: int, n: int, barrier) -> None:
     ds.flush()
 
 
+@pytest.mark.slow
 def test_two_writer_processes_append_concurrently(s3_server, s3_url):
     opts = s3_server.storage_options
     el.Dataset.create(robot_schema(), s3_url, storage_options=opts)

@@ -73,6 +73,7 @@ def test_timeouts_are_validated():
         el.Dataset.open("s3://episodes/x", storage_options={"timeouts": {"retries": 3}})
 
 
+@pytest.mark.slow
 def test_open_and_create_on_a_dead_endpoint_raise_storage_error(s3_server, s3_url):
     el.Dataset.create(robot_schema(), s3_url, storage_options=s3_server.storage_options)
     with FaultProxy(s3_server.endpoint) as proxy:
@@ -106,6 +107,7 @@ def test_reads_and_prefetch_on_a_dead_endpoint_raise_storage_error(s3_server, s3
         assert_names(sampled.value, s3_url)
 
 
+@pytest.mark.slow
 def test_flush_on_a_dead_endpoint_raises_then_commits_once_it_is_back(s3_server, s3_url):
     """Camera tensors pending when the endpoint dies: flush raises StorageError (no hang), nothing partial is
     visible, and the next flush after the endpoint returns commits them."""
@@ -126,6 +128,7 @@ def test_flush_on_a_dead_endpoint_raises_then_commits_once_it_is_back(s3_server,
     check_in_fresh_process(s3_url, s3_server.storage_options, 12, 8, 8)
 
 
+@pytest.mark.slow
 def test_exit_commit_on_a_dead_endpoint_names_the_lost_episodes_once(s3_server, s3_url):
     """A script whose endpoint died before its exit commit ends normally; one stderr line names the episodes
     not committed and the cause; nothing of them is visible."""

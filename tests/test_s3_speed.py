@@ -140,6 +140,7 @@ def test_whole_episode_reads_take_the_planned_path_through_the_disk_cache(lakes,
     np.testing.assert_array_equal(whole["observation/camera"], np.concatenate([ep.obs["camera"] for ep in raw]))
 
 
+@pytest.mark.slow
 def test_a_second_process_downloads_nothing_already_cached(lakes, s3_server, tmp_path):
     ds, _ = lakes["raw"]
     opts = s3_server.storage_options
@@ -152,6 +153,7 @@ def test_a_second_process_downloads_nothing_already_cached(lakes, s3_server, tmp
     assert second["requests"] == 0 and second["bytes"] == 0 and second["hits"] > 0
 
 
+@pytest.mark.slow
 def test_a_corrupt_cache_entry_is_refetched_never_served(lakes, s3_server, tmp_path):
     ds, _ = lakes["zstd"]
     opts = s3_server.storage_options
@@ -186,6 +188,7 @@ def test_concurrent_processes_fill_one_cache(lakes, s3_server, tmp_path):
 
 
 @pytest.mark.parametrize("context", ["fork", "spawn"])
+@pytest.mark.slow
 def test_dataloader_workers_read_through_the_disk_cache(lakes, s3_server, tmp_path, context):
     torch = pytest.importorskip("torch")
     from .test_dataloader import loader_multiset, single_process_multiset

@@ -96,6 +96,7 @@ def _cli(*args: str) -> str:
     return f"{done.returncode}\n{done.stdout}\n{done.stderr}"
 
 
+@pytest.mark.slow
 def test_no_output_holds_a_secret_on_s3(s3_server, s3_url, tmp_path, caplog):
     opts = s3_server.storage_options
     assert opts["secret"] == SECRET_KEY

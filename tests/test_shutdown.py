@@ -133,10 +133,12 @@ def run_clean(datasets, kind: str, loader: str, runs: int) -> None:
 
 
 @pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.slow
 def test_exit_is_clean_after_sampling(datasets, kind):
     run_clean(datasets, kind, "none", runs=2)
 
 
+@pytest.mark.slow
 def test_exit_is_clean_with_forked_dataloader_workers(datasets):
     run_clean(datasets, "zstd", "fork", runs=1)
 

@@ -79,6 +79,7 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.slow
 def test_object_store_commits_store_their_payload(s3_server, s3_url, case):
     commits, chunk_rows = CASES[case]
     ds = el.Dataset.create(camera_schema(chunk_rows), s3_url, storage_options=s3_server.storage_options)

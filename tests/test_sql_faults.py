@@ -113,6 +113,7 @@ def test_the_undamaged_copy_answers_every_entry_point(pristine, tmp_path):
     assert ds.sql("CREATE TEMP TABLE t AS SELECT * FROM episodes") is None
 
 
+@pytest.mark.slow
 def test_sql_on_a_dead_endpoint_is_storage_error(s3_server, s3_url):
     """The endpoint goes down after the first query (a fresh process, as a user's): each scan is a StorageError."""
     ds = el.Dataset.create(robot_schema(), s3_url, storage_options=s3_server.storage_options)
@@ -152,6 +153,7 @@ def _rewrite_in_another_process(root: Path) -> int:
     return version
 
 
+@pytest.mark.slow
 def test_a_reader_whose_version_was_rewritten_answers_from_the_latest(pristine, tmp_path):
     root = tmp_path / "ds"
     shutil.copytree(pristine[0], root)

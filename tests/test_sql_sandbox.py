@@ -203,6 +203,7 @@ def test_concat_where_reads_nothing_but_its_sources(recorded, ds):
     assert len(both.where("task = 'pick'")) == 2 * picks
 
 
+@pytest.mark.slow
 def test_cli_where_is_sandboxed(recorded):
     """``episodelake sql|stats --where`` runs the predicate sandboxed: one error line, status 1, no secret shown."""
     root, raws = recorded

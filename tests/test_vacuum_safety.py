@@ -166,6 +166,7 @@ def test_unreferenced_data_goes_only_past_the_floor(tmp_path):
     assert live_numbers(el.Dataset.open(path)) == [0, 1, 2]
 
 
+@pytest.mark.slow
 def test_a_retention_below_one_hour_needs_the_override(tmp_path, monkeypatch):
     path = str(tmp_path / "ds")
     ds = el.Dataset.create(schema(), path, commit_episodes=10**6)
