@@ -359,3 +359,38 @@ def test_anchors_over_a_derived_per_step_column_follow_its_versions(tmp_path):
     assert len(items(one_pass(ds, high, 2))) == sum(ep.length - 1 for ep in raw)
     with pytest.raises(el.ArgumentError, match="state_dict"):  # same episodes, other anchors
         ds.segment_stream(2, sampler=el.Sequential(), anchors=high).load_state_dict(state)
+
+
+def test_prioritized_draws_take_the_anchors_by_priority(lake):
+    raw, ds = lake
+    expected = reference(raw, 0.5, -1, 3, "suffix")
+    stream = ds.segment_stream(
+        3, batch_size=1024, seed=4, sampler=el.Prioritized(1.0), anchors=el.Anchors("reward > 0.5", offset=-1)
+    )
+    first = next(stream)
+    assert set(items([first])) == set(expected)  # the items are the anchors, every one drawn at this size
+    keep = (int(first.meta["n"][0]), int(first.start[0]))
+    stream.update_priorities(first.indices, (first.meta["n"] == keep[0]) & (first.start == keep[1]))
+    assert set(items([next(stream)])) == {keep}  # only the anchor whose priority stayed above zero
+
+
+def test_positional_params_number_the_predicate_before_the_weights(lake):
+    raw, ds = lake
+    anchors = el.Anchors("reward > ?", weights="CASE WHEN t % 2 = 0 THEN ? ELSE 0 END", params=[0.5, 1])
+    drawn = set(items([next(ds.segment_stream(2, batch_size=1024, seed=8, anchors=anchors))]))
+    assert drawn == {a for a in reference(raw, 0.5, 0, 2, "suffix") if a[1] % 2 == 0}
+
+
+def test_a_second_stream_over_the_same_version_runs_no_query(tmp_path):
+    raw = raw_episodes(6, [12, 20, 7])
+    path = tmp_path / "ds"
+    write(raw, str(path))
+    ds = el.Dataset.open(str(path))
+    anchors = el.Anchors("reward > 0.5", offset=-2)
+    expected = reference(raw, 0.5, -2, 3, "suffix")
+    assert items(one_pass(ds, anchors, 3, "suffix")) == expected  # reads the table columns and finds the anchors
+    for table_file in (f for f in (path / "episodes").rglob("*.parquet") if "_delta_log" not in f.parts):
+        table_file.rename(table_file.with_suffix(".gone"))  # any new query of this version now fails
+    assert items(one_pass(ds, anchors, 3, "suffix")) == expected
+    with pytest.raises(el.EpisodeLakeError):
+        one_pass(ds, el.Anchors("reward > 0.6"), 3)
