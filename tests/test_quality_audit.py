@@ -211,6 +211,27 @@ def test_stored_checks_audit_everywhere_and_survive_a_reopen(where, tmp_path, re
         assert_report(again.quality.check(), episodes, expected)
 
 
+def test_audits_include_quarantined_episodes(tmp_path):
+    rng = np.random.default_rng(7)
+    eps = [random_episode(rng) for _ in range(10)]
+    expected = [("success", 0.0), ("action", 1.0)]
+    checks = [make_check("success", 0.0, "quarantine"), make_check("action", 1.0, "warn")]
+    ds = el.Dataset.create(schema(), str(tmp_path / "ds"), checks=checks)
+    ds.append_episodes(eps)
+    ds.flush()
+    held = ds.quality.quarantine()
+    # one writer numbers its episodes in the order they were appended
+    episodes = dict(zip(sorted([*ds.episode_ids.tolist(), *held.episode_ids.tolist()]), eps, strict=True))
+    quarantined, _ = reference(episodes, "success", 0.0)
+    assert 0 < len(held) < len(eps)
+    assert sorted(held.episode_ids.tolist()) == quarantined
+    assert_report(ds.quality.check(), episodes, expected)
+    kept = {i: e for i, e in episodes.items() if i not in set(quarantined) and e["meta"]["success"]}
+    chosen = {i: e for i, e in episodes.items() if e["meta"]["success"]}
+    assert len(chosen) > len(kept)  # quarantined episodes match the where= too
+    assert_report(ds.quality.check(where="success"), chosen, expected)
+
+
 def test_where_audits_only_the_matching_episodes():
     rng = np.random.default_rng(3)
     ds, episodes = written(None, [random_episode(rng) for _ in range(12)])

@@ -17,12 +17,13 @@ import numpy as np
 from ..core.errors import ArgumentError
 from ..core.quality import Check, check_list, with_added
 from ..core.schema import FieldSpec
-from ..read.audit import CheckReport, audit, bind
+from ..read.audit import CheckReport, audit, bind, merged
 from ..read.collection import EpisodeCollection
 from ..read.query import SnapshotViews
 from ..read.query import where as matching
 from ..read.snapshot import Snapshot
 from ..storage.retention import check_ids
+from ..storage.rows import QUARANTINED
 from ..storage.store import Store
 from . import edit
 from .edit import EditReport
@@ -247,14 +248,18 @@ class Quality:
 
         ``where`` (SQL over ``episodes``, ``params`` bind its placeholders)
         audits only the episodes it matches. Every episode of the version is
-        audited, whatever ``on_fail`` says and however it was committed.
-        Writes nothing; a predicate that does not bind is a
-        :class:`QueryError` naming its check.
+        audited, whatever ``on_fail`` says and however it was committed:
+        quarantined episodes too (they fail a check by definition, and a
+        released one is audited like any other). Writes nothing; a predicate
+        that does not bind is a :class:`QueryError` naming its check.
         """
         if where is None and params is not None:
             raise ArgumentError("quality.check: params= fills placeholders of where=; give where= too")
-        collection = self._dataset if where is None else self._dataset.where(where, params)
-        return audit(collection, checks)
+        parts: tuple[EpisodeCollection, ...] = (self._dataset,)
+        if self._view is not None and QUARANTINED in self._dataset.snapshot().arrow_dataset().schema.names:
+            parts = (*parts, self.quarantine())
+        chosen = [p if where is None else p.where(where, params) for p in parts]
+        return merged([audit(c, checks) for c in chosen])
 
     def quarantine(self) -> Any:
         """A view (``DatasetView``) of this version's quarantined episodes: committed, but left out of ``len``,

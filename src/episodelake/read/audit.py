@@ -6,7 +6,8 @@ views at its pinned version: a whole dataset, or a view (``where``). Each
 check is bound on its own first, so a predicate naming a column the views
 lack is a :class:`QueryError` naming that check, and nothing runs. The audit
 reads what SQL reads (per-step lists for step-level checks, never tensors)
-and writes nothing.
+and writes nothing. :func:`merged` joins the reports of disjoint episode
+sets (a dataset's episodes and its quarantined ones) into one.
 """
 
 from __future__ import annotations
@@ -133,6 +134,19 @@ class CheckReport:
     def __repr__(self) -> str:
         head = json.dumps({k: v for k, v in self.to_json().items() if k != "checks"})
         return f"CheckReport({head}, failed={self.failed})"
+
+
+def merged(reports: Iterable[CheckReport]) -> CheckReport:
+    """One report of audits of disjoint episode sets of one version with the same checks (ids in id order)."""
+    parts = list(reports)
+    results = []
+    for i, first in enumerate(parts[0].results):
+        mine = [p.results[i] for p in parts]
+        ids = np.concatenate([r.episode_ids for r in mine])
+        order = np.argsort(ids, kind="stable")
+        steps = None if first.steps is None else np.concatenate([r.steps for r in mine if r.steps is not None])[order]
+        results.append(CheckResult(first.check, ids[order], steps))
+    return CheckReport(parts[0].url, parts[0].version, sum(p.episodes for p in parts), tuple(results))
 
 
 def bind(views: Views, checks: Iterable[Check]) -> None:
