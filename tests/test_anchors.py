@@ -275,8 +275,11 @@ def test_follow_finds_the_anchors_of_new_episodes(tmp_path):
     path = str(tmp_path / "ds")
     ds = write(raw[:3], path)
     stream = ds.segment_stream(3, batch_size=256, seed=2, follow=True, anchors=el.Anchors("reward > 0.6", offset=-1))
+    even = el.Anchors("reward > 0.6", offset=-1, weights="CASE WHEN t % 2 = 0 THEN 1 ELSE 0 END")
+    weighted = ds.segment_stream(3, batch_size=512, seed=2, follow=True, anchors=even)
     first = set(items([next(stream)]))
     assert first <= set(reference(raw[:3], 0.6, -1, 3, "suffix"))
+    next(weighted)
     writer = el.Dataset.open(path)
     writer.append_episodes(e.as_dict(unwrap_action=True) for e in raw[3:])
     writer.flush()
@@ -284,6 +287,8 @@ def test_follow_finds_the_anchors_of_new_episodes(tmp_path):
     expected = reference(raw, 0.6, -1, 3, "suffix")
     assert drawn == set(expected)  # the new episodes' anchors are drawn too, and nothing else
     assert stream.state_dict()["params"]["segments"] == len(expected)
+    # the new anchors' weights join the draw: every even-step anchor of all six episodes, no odd one
+    assert set(items(next(weighted) for _ in range(2))) == {(n, s) for n, s in expected if (s + 1) % 2 == 0}
 
 
 def test_sample_transitions_at_the_anchors(lake):

@@ -22,6 +22,7 @@ import json
 import threading
 import weakref
 from collections.abc import Callable
+from typing import cast
 
 import numpy as np
 
@@ -156,8 +157,8 @@ class AnchorIndex(SegmentIndex):
         self.lengths = np.concatenate([self.lengths, lengths])
         self.episode = np.concatenate([self.episode, k + old])
         self.starts = np.concatenate([self.starts, start])
-        if self.weight is not None and weight is not None:
-            self.weight = np.concatenate([self.weight, weight])
+        if self.weight is not None:  # the same anchors, so weights on both sides
+            self.weight = np.concatenate([self.weight, cast(np.ndarray, weight)])
         self.counts = np.concatenate([self.counts, counts])
         self.cum = np.concatenate([self.cum, cum])
         self.shard_cum = np.concatenate([self.shard_cum, self._shard_cum(cum)])
