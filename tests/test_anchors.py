@@ -399,3 +399,15 @@ def test_a_second_stream_over_the_same_version_runs_no_query(tmp_path):
     assert items(one_pass(ds, anchors, 3, "suffix")) == expected
     with pytest.raises(el.EpisodeLakeError):
         one_pass(ds, el.Anchors("reward > 0.6"), 3)
+
+
+def test_anchor_weights_all_zero_and_index_misuse_are_refused(lake):
+    _, ds = lake
+    with pytest.raises(el.ArgumentError, match="every anchor has weight zero"):
+        ds.segment_stream(2, anchors=el.Anchors("reward > 0.5", weights="0"))
+    stream = ds.segment_stream(2, sampler=el.Sequential(), anchors=el.Anchors("reward > 0.5"))
+    index = stream.index
+    with pytest.raises(el.ArgumentError, match="old episodes and then the appended ones"):
+        index.extend(index.positions[:-1], index.lengths[-1:])
+    with pytest.raises(el.ArgumentError, match="same shape"):
+        index.reset(index.positions, index.lengths[:-1])
