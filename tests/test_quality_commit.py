@@ -163,8 +163,12 @@ def test_quarantined_episodes_are_left_out_and_can_be_released_or_deleted(where,
     np.testing.assert_array_equal(first.all_obs["camera"], np.full((3, 4, 4), 1, np.uint8))
     held = {int(r.meta["n"]): r.episode_id for r in quarantine.episodes()}
 
+    if where == "disk":  # a copy holds what the dataset shows
+        copied = ds.copy_to(str(tmp_path / "copy"))
+        assert sorted(int(r.meta["n"]) for r in copied.episodes()) == [0, 2]
+
     version = ds.quality.release([held[1]])
-    assert version == ds.version
+    assert version == ds.version and ds.history()[0]["operation"] == "RELEASE"
     assert len(ds) == 3 and rows(ds)[1] == ["positive"]  # released: the record of the failure stays
     assert ds.delete([held[3]]) == 1
     assert len(ds.quality.quarantine()) == 0 and len(ds) == 3
