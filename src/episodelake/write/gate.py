@@ -92,7 +92,7 @@ def admit(store: Store, batch: EpisodeBatch, label: Callable[[int], str]) -> Epi
     return batch
 
 
-def _failures(store: Store, checks: tuple[Check, ...], batch: EpisodeBatch):  # -> pa.Table
+def _failures(store: Store, checks: tuple[Check, ...], batch: EpisodeBatch) -> pa.Table:
     """Every (check, episode position, first failing step) of ``batch`` (``failures_sql``'s columns)."""
     schema = store.schema
     n = len(batch)

@@ -441,9 +441,9 @@ class VectorEpisodeWriter:
             if obs_i is not None:
                 self.writers[i] = self._start(i, obs_i)
         if rejected:
-            i, exc = rejected[0]
+            env, first = rejected[0]
             more = f" ({len(rejected) - 1} more env(s) rejected too)" if len(rejected) > 1 else ""
-            raise QualityError(f"env {i}, {exc}{more}", exc.check, exc.episode, exc.step) from exc
+            raise QualityError(f"env {env}, {first}{more}", first.check, first.episode, first.step) from first
 
     def _row_meta(self, meta: Sequence[Meta | None] | Callable[[int], Meta | None] | None) -> list[Meta]:
         if meta is None:
