@@ -343,3 +343,19 @@ def test_sigkill_during_a_schema_edit_leaves_old_or_new(tmp_path, edit):
         assert_fields(ds, want, keys)
         assert json.loads((Path(path) / "episodelake.json").read_text())["schema"] == robot_schema().to_json()
     assert outcomes  # (which of the two each trial saw depends on timing; each is whole)
+
+
+def test_vacuum_keeps_the_arrays_of_dropped_tensor_fields_for_older_versions(tmp_path):
+    from .test_vacuum_safety import age_files
+
+    path = str(tmp_path / "ds")
+    raws = raw_set(11, 3)
+    ds = build(raws, path)
+    ds.columns.drop("observation/camera")  # the only tensor field
+    age_files(str(tmp_path / "ds" / "tensors"), 2.0)  # past the 1 h floor for data no version references
+    report = ds.maintenance.vacuum()
+    assert not report.tensor_arrays
+    old = el.Dataset.open(path, version=1)  # still in the retention window: reads its camera rows
+    for ref, raw in zip(old.episodes(), raws, strict=True):
+        np.testing.assert_array_equal(ref.read().data["observation/camera"], raw.obs["camera"])
+    assert old.maintenance.validate().ok

@@ -524,6 +524,8 @@ def _vacuum_tensors(
     store: Store, refs: Runs, committed: set[tuple[str, int]], cutoffs: _Cutoffs, report: VacuumReport
 ) -> None:
     loc = store.location
+    if not store.schema.tensor_fields:  # all dropped (ds.columns.drop): older versions may still read the arrays
+        return
     live = {w for w, _, _ in refs}
     last_commit: dict[str, int] = {}  # per writer, its latest commit a table file references
     for w, c in committed:

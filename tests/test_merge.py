@@ -1,0 +1,201 @@
+"""``el.merge`` (issue 23): several datasets in one new dataset, new ids, a ``source`` column, verified.
+
+Expectations come from the raw NumPy episodes each source was built from
+(``tests/reference.py``): every merged episode, found by its lineage columns
+(``source``, ``source_episode_id``), reads exactly as its raw episode; ids are
+unique; SQL, ``stats()`` and ``validate()`` see the union; schema differences
+are named; memory, disk and S3 in any combination; the CLI in a subprocess.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import episodelake as el
+
+from .conftest import robot_schema
+from .reference import RawEpisode, random_episode
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
+FAST = settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+MANY = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+def raw_set(seed: int, n: int) -> list[RawEpisode]:
+    rng = np.random.default_rng(seed)
+    return [random_episode(rng, int(rng.integers(1, 10))) for _ in range(n)]
+
+
+def build(raws: list[RawEpisode], path: str | None = None, **options) -> el.Dataset:
+    ds = el.Dataset.create(robot_schema(), path, **options)
+    ds.append_episodes(r.as_dict(unwrap_action=True) for r in raws)
+    ds.flush()
+    return ds
+
+
+def assert_merged(merged: el.Dataset, sources: list[tuple[el.Dataset, list[RawEpisode]]]) -> None:
+    """Every episode of every source is in ``merged`` once, under a new unique id, reading as its raw episode."""
+    want = {}
+    for ds, raws in sources:
+        for eid, raw in zip(ds.episode_ids.tolist(), raws, strict=True):
+            want[(ds.location.url, eid)] = raw
+    assert len(merged) == len(want)
+    ids = merged.episode_ids.tolist()
+    assert len(set(ids)) == len(ids)
+    assert not set(ids) & {eid for _, eid in want}  # new ids, not the sources'
+    seen = set()
+    for ref in merged.episodes():
+        origin = (ref.meta["source"], ref.meta["source_episode_id"])
+        raw = want[origin]
+        seen.add(origin)
+        seg = ref.read()
+        assert ref.length == raw.length and (ref.terminated, ref.truncated) == (raw.terminated, raw.truncated)
+        assert ref.meta["task"] == raw.meta["task"] and ref.meta["success"] == raw.meta["success"]
+        for key, values in raw.obs.items():
+            np.testing.assert_array_equal(seg.data[f"observation/{key}"], values)
+        np.testing.assert_array_equal(seg.data["action"], raw.action["action"])
+        np.testing.assert_array_equal(seg.data["reward"], raw.reward)
+    assert seen == set(want)
+    rows = merged.sql("SELECT source, count(*) AS n, sum(length) AS steps FROM episodes GROUP BY source").fetchall()
+    expect = {}
+    for (url, _), raw in want.items():
+        n, steps = expect.get(url, (0, 0))
+        expect[url] = (n + 1, steps + raw.length)
+    assert {url: (n, steps) for url, n, steps in rows} == expect
+    if want:
+        states = np.concatenate([r.obs["state"] for r in want.values()]).astype(np.float64)
+        np.testing.assert_allclose(merged.stats()["observation/state"]["mean"], states.mean(axis=0), rtol=1e-9)
+    report = merged.maintenance.validate()
+    assert report.ok, report.problems
+
+
+def merge_property(seed, sizes):
+    sources = [(build(raws), raws) for raws in (raw_set(seed + i, n) for i, n in enumerate(sizes))]
+    merged = el.merge([ds for ds, _ in sources], None)
+    assert_merged(merged, sources)
+    assert [f.key for f in merged.schema.fields] == [f.key for f in robot_schema().fields] + [
+        "source",
+        "source_episode_id",
+    ]
+
+
+MERGES = given(seed=st.integers(0, 2**16), sizes=st.lists(st.integers(0, 4), min_size=1, max_size=3))
+test_merge_holds_every_episode_of_every_source = FAST(MERGES(merge_property))
+test_merge_holds_every_episode_of_every_source_many = pytest.mark.slow(MANY(MERGES(merge_property)))
+
+
+def test_merge_where_views_paths_and_a_source_that_was_split_and_renamed(tmp_path):
+    a_raws, b_raws = raw_set(1, 5), raw_set(2, 3)
+    a = build(a_raws, str(tmp_path / "a"), partition_by=["task"])
+    b = build(b_raws, str(tmp_path / "b"))
+    merged = el.merge([str(tmp_path / "a"), b], str(tmp_path / "m"), where="task = 'pick'")
+    picks = [(a, [r for r in a_raws if r.meta["task"] == "pick"]), (b, [r for r in b_raws if r.meta["task"] == "pick"])]
+    picked = [(ds.where("task = 'pick'"), raws) for ds, raws in picks]
+    assert len(merged) == sum(len(r) for _, r in picks)
+    assert merged.maintenance.descriptor["partition_by"] == ["task"]  # the first source's
+    assert len(picked[0][0]) == len(picks[0][1])
+    # the same writer in two sources (a merged with itself) still gives unique ids
+    twice = el.merge([a, a], None)
+    assert len(twice) == 10 and len(set(twice.episode_ids.tolist())) == 10
+    # sources with edit ids (a split) and a renamed tensor field (its arrays under the old key)
+    long = next(int(e) for e, r in zip(b.episode_ids, b_raws, strict=True) if r.length > 1)
+    b.edit.split(long, 1)
+    for ds in (a, b):
+        ds.columns.rename("observation/camera", "observation/cam")
+    renamed = el.merge([a, b], str(tmp_path / "r"))
+    cams = {
+        (r.meta["source"], r.meta["source_episode_id"]): r.read().data["observation/cam"] for r in renamed.episodes()
+    }
+    for ds in (a, b):
+        for ref in ds.episodes():
+            np.testing.assert_array_equal(
+                cams[(ds.location.url, int(ref.episode_id))], ref.read().data["observation/cam"]
+            )
+    assert renamed.maintenance.validate().ok
+
+
+def test_merge_names_the_schema_difference_and_writes_nothing(tmp_path):
+    a = build(raw_set(3, 2))
+    other = el.DatasetSchema(
+        [*(f for f in robot_schema().fields if f.key != "reward"), el.FieldSpec("reward", (), "float64", role="reward")]
+    )
+    b = el.Dataset.create(other, None)
+    with pytest.raises(el.SchemaError, match=r"'reward': dtype 'float32' vs 'float64'"):
+        el.merge([a, b], str(tmp_path / "m"))
+    c = build(raw_set(4, 1))
+    c.columns.drop("success")
+    with pytest.raises(el.SchemaError, match=r"only in the first: \['success'\]"):
+        el.merge([a, c], str(tmp_path / "m"))
+    lineage = el.DatasetSchema([*robot_schema().fields, el.FieldSpec("source", (), "str", role="meta")])
+    with pytest.raises(el.SchemaError, match="rename them first"):
+        el.merge([el.Dataset.create(lineage, None)], str(tmp_path / "m"))
+    assert not (tmp_path / "m").exists()
+    with pytest.raises(el.ArgumentError, match="at least one"):
+        el.merge([], None)
+    with pytest.raises(el.LocationError, match="into itself"):
+        el.merge([a], a.location.url, overwrite=True)
+    with pytest.raises(el.DatasetExistsError):
+        el.merge([a], c.location.url)
+
+
+def test_merge_carries_derived_columns(tmp_path):
+    a, b = build(raw_set(5, 3)), build(raw_set(6, 2))
+    for ds, scores in ((a, [1.0, None, 3.0]), (b, [4.0, 5.0])):
+        ds.columns.add(el.FieldSpec("score", (), "float32", role="meta"))
+        ds.columns.update({"score": scores})
+    merged = el.merge([a, b], str(tmp_path / "m"))
+    got = merged.sql("SELECT source_episode_id AS e, score FROM episodes").fetchall()
+    want = dict(zip(a.episode_ids.tolist(), [1.0, None, 3.0], strict=True)) | dict(
+        zip(b.episode_ids.tolist(), [4.0, 5.0], strict=True)
+    )
+    assert dict(got) == want
+
+
+def test_merge_across_disk_and_s3(tmp_path, s3_server, s3_url):
+    options = s3_server.storage_options
+    disk_raws, s3_raws = raw_set(7, 3), raw_set(8, 2)
+    disk = build(disk_raws, str(tmp_path / "d"))
+    remote = build(s3_raws, s3_url, storage_options=options)
+    to_s3 = el.merge([disk, remote], f"{s3_url}-merged", options)
+    assert_merged(el.Dataset.open(f"{s3_url}-merged", storage_options=options), [(disk, disk_raws), (remote, s3_raws)])
+    to_s3.columns.drop("source", "source_episode_id")  # a merged dataset merged again: its lineage first
+    back = el.merge([to_s3], str(tmp_path / "back"))
+    assert sorted(back.sql("SELECT source FROM episodes").fetchnumpy()["source"]) == [f"{s3_url}-merged"] * 5
+
+
+def test_cli_merge_and_schema_edits_in_a_subprocess(tmp_path):
+    a_raws, b_raws = raw_set(9, 3), raw_set(10, 2)
+    a, b = build(a_raws, str(tmp_path / "a")), build(b_raws, str(tmp_path / "b"))
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        cmd = [sys.executable, "-m", "episodelake.cli", *args]
+        return subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+
+    dry = cli("merge", str(tmp_path / "a"), str(tmp_path / "b"), str(tmp_path / "m"), "--dry-run", "--json")
+    assert dry.returncode == 0, dry.stderr
+    assert json.loads(dry.stdout)["episodes"] == 5 and not (tmp_path / "m").exists()
+    done = cli("merge", str(tmp_path / "a"), str(tmp_path / "b"), str(tmp_path / "m"), "--quiet")
+    assert done.returncode == 0 and "merged 5 episodes" in done.stdout, done.stderr
+    assert_merged(el.Dataset.open(str(tmp_path / "m")), [(a, a_raws), (b, b_raws)])
+    dry = cli("edit", "drop-field", str(tmp_path / "m"), "success", "--dry-run")
+    assert dry.returncode == 0 and "would change success dropped" in dry.stdout
+    assert el.Dataset.open(str(tmp_path / "m")).version == 2
+    assert cli("edit", "rename-field", str(tmp_path / "m"), "task", "label").returncode == 0
+    assert cli("edit", "drop-field", str(tmp_path / "m"), "success", "--json").returncode == 0
+    ds = el.Dataset.open(str(tmp_path / "m"))
+    assert [f.key for f in ds.schema.meta_fields] == ["label", "source", "source_episode_id"]
+    assert [h["operation"] for h in ds.history()[:2]] == ["DROP FIELDS", "RENAME FIELD"]
+    bad = cli("edit", "drop-field", str(tmp_path / "m"), "reward")
+    assert bad.returncode == 1 and "reward" in bad.stderr and el.Dataset.open(str(tmp_path / "m")).version == 4
+    bad = cli("merge", str(tmp_path / "m"), str(tmp_path / "a"), str(tmp_path / "n"))
+    assert bad.returncode == 1 and "lineage columns" in bad.stderr and not (tmp_path / "n").exists()
