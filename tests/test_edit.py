@@ -477,3 +477,20 @@ def test_a_stream_state_taken_before_an_edit_resumes_on_the_version_it_recorded(
     got = np.sort(np.asarray(next(iter(fresh)).data["reward"]).reshape(-1))
     fresh.close()
     np.testing.assert_array_equal(got, np.sort([r.reward[0] for r in raws]))
+
+
+def test_set_meta_checks_the_fields_constraints_like_a_write():
+    fields = [*robot_schema().fields, el.FieldSpec("score", (), "float32", role="meta", min=0.0, max=1.0)]
+    ds = el.Dataset.create(el.DatasetSchema(fields))
+    raws = raw_set(19, 3)
+    for r in raws:
+        r.meta["score"] = 0.5
+    ds.append_episodes(r.as_dict(unwrap_action=True) for r in raws)
+    ids = ds.episode_ids.tolist()
+    before = ds.version
+    for bad in (3.0, float("nan"), -0.5):
+        with pytest.raises(el.QualityError, match=f"episode {ids[1]}: meta field 'score' fails"):
+            ds.edit.set_meta({"score": [0.25, bad, None]})
+    assert ds.version == before
+    ds.edit.set_meta({"score": [0.25, 1.0, None]})  # the bounds themselves pass, and so does NULL
+    assert [e.meta["score"] for e in ds.episodes()] == [0.25, 1.0, None]

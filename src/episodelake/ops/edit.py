@@ -46,8 +46,8 @@ import pyarrow.compute as pc
 
 from ..core.checks import meta_value
 from ..core.episode import EpisodeBatch, concat_rows, extra_rows
-from ..core.errors import ArgumentError, CommitConflictError, ValidationError
-from ..core.schema import DatasetSchema
+from ..core.errors import ArgumentError, CommitConflictError, QualityError, ValidationError
+from ..core.schema import DatasetSchema, FieldSpec
 from ..core.summary import TASK_BYTES, run_inline, summarize
 from ..read.snapshot import Snapshot
 from ..storage.rows import build_rows, meta_column
@@ -155,6 +155,8 @@ def set_meta(
             raise ArgumentError(f"set_meta: {key!r} is a derived column; set it with ds.columns.update")
     ids = [int(i) for i in snap.index["episode_id"][positions]]
     checked = {key: _meta_values(schema, key, value, ids) for key, value in values.items()}
+    for key, (stacked, valid) in checked.items():
+        _check_bounds(meta[key], stacked, valid, ids)
     if dry_run or not ids:
         return EditReport("SET META", store.version, True, ids) if dry_run else _nothing("SET META", store)
     old = _current_rows(store, ids)[0]
@@ -188,6 +190,25 @@ def _meta_values(schema: DatasetSchema, key: str, value: Any, ids: list[int]) ->
         if v is not None:
             stacked[i] = v
     return stacked, valid
+
+
+@np.errstate(invalid="ignore")
+def _check_bounds(f: FieldSpec, stacked: np.ndarray, valid: np.ndarray, ids: list[int]) -> None:
+    """:class:`QualityError` for the first new value outside ``f``'s ``min``/``max`` (as a write: NULL passes, NaN
+    fails), naming the episode."""
+    rows = np.asarray(stacked).reshape(len(ids), -1)
+    for bound in ("min", "max"):
+        limit = getattr(f, bound, None)
+        if limit is None:
+            continue
+        bad = ~(rows >= limit if bound == "min" else rows <= limit).all(axis=1) & valid
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise QualityError(
+                f"set_meta of episode {ids[i]}: meta field {f.key!r} fails {bound}={limit!r}; nothing was edited",
+                check=f"{f.key}: {bound}",
+                episode=i,
+            )
 
 
 def _is_value(f: Any, value: Any) -> bool:
