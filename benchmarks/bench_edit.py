@@ -7,7 +7,9 @@ Parts (each on its own local dataset, built first and not timed):
   (``ds.edit.trim(head=...)``): the kept frames are read once (checksums and
   statistics recomputed), no frame is written;
 * ``relabel``: the task label of ``--relabel-episodes`` small episodes set
-  (``ds.edit.set_meta``): only table rows are rewritten.
+  (``ds.edit.set_meta``): only table rows are rewritten;
+* ``drop field``: the per-step ``state`` field dropped from the camera
+  dataset (``ds.columns.drop``): the table rows rewritten, no frame touched.
 
 Each part prints seconds and bytes written (files under the dataset root
 that the edit created or grew), against ``copy_to`` of the same dataset (the
@@ -143,11 +145,19 @@ def part_relabel(root: str, s: Sizes) -> tuple[str, float, int, float, int]:
     )
 
 
+def part_drop_field(root: str, s: Sizes) -> tuple[str, float, int, float, int]:
+    ds = camera_dataset(f"{root}/drop", s)
+    t_copy, b_copy = measure(root, lambda: ds.copy_to(f"{root}/drop-copy", progress=False))
+    t_edit, b_edit = measure(f"{root}/drop", lambda: ds.columns.drop("observation/state"))
+    assert [f.key for f in ds.schema.fields] == ["observation/camera", "action", "reward", "task"]
+    return f"drop one field of {s.camera_episodes} camera episodes ({s.steps} steps)", t_edit, b_edit, t_copy, b_copy
+
+
 # (name, part): each builds its dataset under the root and returns (what, edit s, edit bytes, copy s, copy bytes).
 PARTS: list[tuple[str, Callable[[str, Sizes], tuple[str, float, int, float, int]]]] = [
     ("trim", part_trim),
     ("relabel", part_relabel),
-    # H2: ("drop field", part_drop_field),
+    ("drop field", part_drop_field),
 ]
 
 
