@@ -423,8 +423,8 @@ class CollectionReads:
 
         ``chunk_rows``/``compression`` re-chunk or re-compress every tensor
         field, or per field key as a mapping (omitted: as the source has it);
-        ``codecs`` re-encodes fields with lossy codecs (``{"observation/camera":
-        ("jpeg", 90)}``; ``None``: lossless). See :func:`copy.copy_to`.
+        ``codecs`` re-encodes fields with frame codecs (``{"observation/camera":
+        ("jpeg", 90)}``, ``"jpegxl-lossless"``: exact; ``None``: raw or ``compression``). See :func:`copy.copy_to`.
         """
         from .ops.copy import copy_to
 

@@ -69,8 +69,9 @@ def copy_to(
     Returns the copy, opened afresh. ``chunk_rows`` / ``compression`` apply
     to every tensor field, or per field key when given as a mapping (``None``
     chunk_rows: the default ~1 MiB chunks; ``None`` compression: raw bytes).
-    ``codecs`` maps field keys to a lossy codec (``"jpeg"``, ``("webp", 80)``:
-    with its quality) or ``None`` (store the decoded frames losslessly);
+    ``codecs`` maps field keys to a frame codec (``"jpeg"``, ``("webp", 80)``:
+    with its quality; the exact ``"webp-lossless"``, ``"jpegxl-lossless"``)
+    or ``None`` (store the decoded frames losslessly);
     a field given a lossy codec drops its ``compression``. One
     ``compression`` for every field applies to the lossless ones: a field
     that keeps a lossy codec keeps it (naming such a field in a
