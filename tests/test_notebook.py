@@ -45,7 +45,7 @@ def test_episode_stats_notebook(tmp_path, monkeypatch):
     outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
     images = [o for o in outputs if "image/png" in o.get("data", {})]
-    assert len(images) >= 3  # histograms, success rate, per-channel statistics
+    assert len(images) >= 4  # histograms, success rate, per-channel statistics, failures per check
 
     printed = [line for o in outputs if o.output_type == "stream" for line in o.text.splitlines()]
     summary = json.loads(next(line for line in printed if line.startswith('{"episodes"')))
@@ -61,3 +61,14 @@ def test_episode_stats_notebook(tmp_path, monkeypatch):
         assert got["mean_return"] == pytest.approx(np.mean([r.reward.astype(np.float64).sum() for r in mine]))
     successes = sum(r.meta["success"] for r in raws)
     assert f"{successes} of {len(raws)} episodes succeeded" in printed
+
+    # the quality audit, against a pure-Python reference over the raw episodes (one writer: ids in append order)
+    audit = json.loads(next(line for line in printed if line.startswith('{"audit"')))["audit"]
+    by_id = list(zip(ds.episode_ids.tolist(), raws, strict=True))
+    pays = [i for i, r in by_id if r.meta["success"] and not r.reward.astype(np.float64).sum() > 0]
+    short = [i for i, r in by_id if r.length < 10]
+    wild = [(i, int(np.flatnonzero(np.abs(r.reward) > 2)[0])) for i, r in by_id if (np.abs(r.reward) > 2).any()]
+    assert audit["success_pays"] == {"episode_ids": pays, "steps": None}
+    assert audit["long_enough"] == {"episode_ids": short, "steps": None}
+    assert audit["bounded_reward"] == {"episode_ids": [i for i, _ in wild], "steps": [t for _, t in wild]}
+    assert short and wild  # the data exercises the checks
