@@ -256,6 +256,21 @@ CASES: list[tuple[str, Callable[[el.Dataset], object], type[Exception], str]] = 
     ("update wrong count", Staged(lambda ds: ds.columns.add(el.FieldSpec("p", (), "float32", role="meta")), lambda ds, state: ds.columns.update({"p": [1.0]})), el.ValidationError, r"column 'p' has 1 values for 2 episodes"),
     ("update step rows", Staged(lambda ds: ds.columns.add(el.FieldSpec("ret", (), "float32", role="extra")), lambda ds, state: ds.columns.update({"extra/ret": [np.zeros(T), np.zeros(T + 1)]})), el.ValidationError, r"update of episode \d+: field 'extra/ret' has shape \(5,\), expected \(4,\)"),
     ("update read-only", lambda ds: el.Dataset.open(ds.location.url, version=1).columns.update({"p": [1.0]}), el.ReadOnlyError, r"read-only"),
+    # row edits (ds.edit): each refused before anything is stored
+    ("trim past the end", lambda ds: ds.edit.trim({int(ds.episode_ids[0]): (0, T + 1)}), el.ArgumentError, rf"episode \d+ has {T} transitions"),
+    ("trim nothing kept", lambda ds: ds.edit.trim(head=T), el.ArgumentError, r"must keep at least one"),
+    ("trim cuts and head", lambda ds: ds.edit.trim({int(ds.episode_ids[0]): (0, 1)}, head=1), el.ArgumentError, r"not both"),
+    ("trim bad span", lambda ds: ds.edit.trim({int(ds.episode_ids[0]): (0, 1.5)}), el.ArgumentError, r"two ints"),
+    ("trim negative head", lambda ds: ds.edit.trim(head=-1), el.ArgumentError, r"head must be an int >= 0"),
+    ("trim unknown id", lambda ds: ds.edit.trim({12345: (0, 1)}), el.ArgumentError, r"not in snapshot version \d+: \[12345\]"),
+    ("trim bad where", lambda ds: ds.edit.trim(head=1, where="nope = 1"), el.QueryError, r"nope"),
+    ("trim read-only", lambda ds: el.Dataset.open(ds.location.url, version=1).edit.trim(head=1), el.ReadOnlyError, r"read-only"),
+    ("split at the end", lambda ds: ds.edit.split(int(ds.episode_ids[0]), T), el.ArgumentError, rf"at={T} must be an int in \[1, {T - 1}\]"),
+    ("split id not an int", lambda ds: ds.edit.split("1", 1), el.ArgumentError, r"episode id must be an int"),
+    ("edit set_meta wrong type", lambda ds: ds.edit.set_meta({"task": 5}), el.ValidationError, r"set_meta of episode \d+: meta field 'task' must be str"),
+    ("edit set_meta step field", lambda ds: ds.edit.set_meta({"reward": 1.0}), el.ArgumentError, r"'reward' is a step field"),
+    ("edit set_meta ids and where", lambda ds: ds.edit.set_meta({"task": "x"}, [1], where="true"), el.ArgumentError, r"not both"),
+    ("edit set_meta per-episode count", lambda ds: ds.edit.set_meta({"success": [True, False, True]}), el.ValidationError, r"must be a scalar bool|must be bool|shape"),
     ("derived tensor field", lambda ds: el.FieldSpec("x", (4,), "float32", derived=True, storage="tensor"), el.SchemaError, r"derived field 'x'"),
     # outcome meta: set_meta, add_step(meta=), finish(**meta), FieldSpec(required=)
     ("set_meta unknown", lambda ds: ds.new_episode(init_obs(), task="pick").set_meta(who=1), el.ValidationError, r"unknown meta field\(s\) \['who'\]"),
@@ -486,6 +501,9 @@ COVERS: dict[str, list[str]] = {
     "Maintenance.vacuum": ["vacuum read-only", "vacuum negative retention"],
     "Dataset.delete": ["delete unknown id", "delete bad predicate", "delete ids and where", "delete ids and all", "delete all not a bool", "delete read-only", "clear past version"],
     "Columns.add": ["add_column nothing", "add_column field key", "add_column not a spec", "add_column read-only"],
+    "Edit.trim": ["trim past the end", "trim nothing kept", "trim cuts and head", "trim bad span", "trim negative head", "trim unknown id", "trim bad where", "trim read-only"],
+    "Edit.split": ["split at the end", "split id not an int"],
+    "Edit.set_meta": ["edit set_meta wrong type", "edit set_meta step field", "edit set_meta ids and where", "edit set_meta per-episode count"],
     "Columns.update": ["update not derived", "update not a mapping", "update ids and where", "update params without where", "update bad where", "update unknown id", "update wrong count", "update step rows", "update read-only"],
     "DatasetView.where": ["view where unknown column", "view where params unknown name"],
     "DatasetView.episode": ["view index past the view", "view id outside the view"],
@@ -588,7 +606,7 @@ NOT_ARGUMENTS = {"self", "collection", "args", "kwargs"}
 def public_calls() -> dict[str, inspect.Signature]:
     """Every public method of the user-facing classes and every function el exports, by qualified name,
     plus ``"Name(arg)"`` for each argument of the samplers and of copy_to (checked one by one)."""
-    from episodelake.ops.namespaces import Columns, Maintenance
+    from episodelake.ops.namespaces import Columns, Edit, Maintenance
     from episodelake.sampling.segment_dataset import SegmentDataset
     from episodelake.sampling.stream import SegmentStream
     from episodelake.sampling.transitions import sample_transitions
@@ -604,6 +622,7 @@ def public_calls() -> dict[str, inspect.Signature]:
         SegmentDataset,
         Maintenance,
         Columns,
+        Edit,
     )
     for cls in classes:
         for name, member in inspect.getmembers(cls):

@@ -31,6 +31,14 @@ from .maintenance import DEFAULT_RETENTION_HOURS, VacuumReport, ValidationReport
 from .schema_edit import SchemaEditReport, drop_fields, rename_field
 
 
+def check_choice(verb: str, episode_ids: Iterable[int] | None, where: str | None, params: Any) -> None:
+    """:class:`ArgumentError` for ``episode_ids`` with ``where``, or ``params`` without ``where``."""
+    if episode_ids is not None and where is not None:
+        raise ArgumentError(f"{verb} takes episode_ids or where=, not both")
+    if where is None and params is not None:
+        raise ArgumentError(f"{verb}: params= fills placeholders of where=; give where= too")
+
+
 def chosen(
     dataset: EpisodeCollection, verb: str, episode_ids: Iterable[int] | None, where: str | None, params: Any
 ) -> tuple[Snapshot, np.ndarray]:
@@ -39,10 +47,7 @@ def chosen(
     ``episode_ids`` and ``where`` together, ``params`` without ``where``,
     repeated or unknown ids raise :class:`ArgumentError` naming ``verb``.
     """
-    if episode_ids is not None and where is not None:
-        raise ArgumentError(f"{verb} takes episode_ids or where=, not both")
-    if where is None and params is not None:
-        raise ArgumentError(f"{verb}: params= fills placeholders of where=; give where= too")
+    check_choice(verb, episode_ids, where, params)
     if where is not None:
         return matching(dataset, where, params)
     snap = dataset.snapshot()
@@ -150,6 +155,7 @@ class Columns:
         from ..write.derived import encode, write
 
         self._store.check_writable()
+        check_choice("update", episode_ids, where, params)  # before the values: the call's shape first
         if not isinstance(values, Mapping) or not values:
             raise ArgumentError("update: values must be a non-empty mapping of derived column keys to values")
         snap = self._dataset.snapshot()
