@@ -180,7 +180,11 @@ def audit(collection: EpisodeCollection, checks: Iterable[Check] | None = None) 
             step = None if c.level == "episode" else steps[mine].astype(np.int64)
             results.append(CheckResult(c, ids[mine].astype(np.int64), step))
         within = subset(collection, snap)
-        episodes = snap.num_episodes if within is None else len(within)
+        if within is None:  # counted by SQL from the Parquet metadata, not the snapshot's index scan
+            count = SQLResult(views, "SELECT count(*) FROM episodes", None, True, what).fetchall()
+            episodes = int(count[0][0])
+        else:
+            episodes = len(within)
         return CheckReport(snap.loc.url, snap.version, episodes, tuple(results))
 
     return answer(collection, body)
