@@ -182,6 +182,12 @@ def _raw_bytes(ep: Any) -> int:
     return out
 
 
+def _rows(value: Any) -> int:
+    """The leading length of an episode's array (-1 for a scalar); ``.shape`` first, as np.shape costs a microsecond."""
+    shape = value.shape if type(value) is np.ndarray else np.shape(value)
+    return shape[0] if shape else -1
+
+
 def _is_mapping(value: Any) -> TypeGuard[Mapping[str, Any]]:
     """``isinstance(value, Mapping)``, fast for the common arrays and dicts (ABC checks cost a microsecond)."""
     return not isinstance(value, np.ndarray) and (type(value) is dict or isinstance(value, Mapping))
@@ -247,14 +253,14 @@ def _as_columns(schema: DatasetSchema, group: list[Mapping[str, Any]]) -> tuple[
         else:
             for lst in meta.values():
                 lst.append(None)
-        lengths.append(np.shape(actions[-1])[0] if np.ndim(actions[-1]) else 0)
+        lengths.append(_rows(actions[-1]))
     steps = np.array(lengths, dtype=np.int64)
     for key, role in EPISODE_KEYS.items():
         if key not in collected:
             continue
         want = rows_for(schema.role_fields(role)[0], steps)
         for lst in collected[key]:
-            rows = np.fromiter((np.shape(v)[0] if np.ndim(v) else -1 for v in lst), np.int64, len(lst))
+            rows = np.fromiter(map(_rows, lst), np.int64, len(lst))
             if not np.array_equal(rows, want):  # also catches errors that cancel out in the totals
                 return None
     try:
