@@ -248,22 +248,39 @@ def test_trim_head_tail_where_and_dry_run():
     assert_dataset(ds, want)
 
 
-def test_derived_columns_follow_trim_or_refuse():
-    ds = build(raw_set(7, 3, min_length=2))
+def test_derived_columns_follow_trim_and_split_or_refuse():
+    raws = raw_set(7, 3, min_length=3)
+    ds = build(raws)
     ids = ds.episode_ids.tolist()
     ds.columns.add(el.FieldSpec("label", (), "str", role="meta"))
     ds.columns.update({"label": ["a", "b", "c"]})
     ds.edit.trim({ids[1]: (0, 1)})  # per-episode derived values are keyed by id: they stay
     assert [e.meta["label"] for e in ds.episodes()] == ["a", "b", "c"]
-    before = ds.version
-    with pytest.raises(el.ArgumentError, match="derived columns"):
-        ds.edit.split(ids[0], 1)
     ds.columns.add(el.FieldSpec("advantage", (), "float32", role="reward"))
+    adv = [np.arange(r.length, dtype=np.float32) + 10 * i for i, r in enumerate(raws)]
+    adv[1] = adv[1][:1]
+    ds.columns.update({"reward/advantage": adv[:2]}, ids[:2])  # episode 2 has no per-step value
+    before = ds.version
     with pytest.raises(el.ArgumentError, match=r"per-step derived columns \['reward/advantage'\]"):
         ds.edit.trim({ids[0]: (0, 1)})
+    assert ds.version == before
+    halves = ds.edit.split(ids[0], 2).new_ids  # values follow: label copied, advantage cut at step 2
+    other = ds.edit.split(ids[2], 1).new_ids  # no per-step value to cut: the halves have none either
+    got = {int(e.episode_id): e for e in ds.episodes()}
+    assert got[halves[0]].meta["label"] == got[halves[1]].meta["label"] == "a"
+    np.testing.assert_array_equal(got[halves[0]].read().data["reward/advantage"], adv[0][:2])
+    np.testing.assert_array_equal(got[halves[1]].read().data["reward/advantage"], adv[0][2:])
+    assert got[other[0]].meta["label"] == got[other[1]].meta["label"] == "c"
+    assert np.isnan(got[other[1]].read().data["reward/advantage"]).all()  # unset per-step values read NaN
+    rows = ds.sql(
+        "SELECT e.label, count(*) FROM steps s JOIN episodes e USING (episode_id) "
+        'WHERE s."reward/advantage" IS NOT NULL GROUP BY e.label'
+    )
+    assert sorted(rows.fetchall()) == [("a", raws[0].length), ("b", 1)]
     with pytest.raises(el.ArgumentError, match=r"ds\.columns\.update"):
         ds.edit.set_meta({"label": "x"})
-    assert ds.version == before + 1  # only the declaration
+    old = el.Dataset.open(ds.location.url, version=before)
+    assert old.episode_ids.tolist() == ids
 
 
 def test_an_edit_of_episodes_changed_meanwhile_commits_nothing(tmp_path):

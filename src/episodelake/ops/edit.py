@@ -28,9 +28,11 @@ Rules (docs/writing.md, "Editing episodes"):
 The plan is checked again at the version the commit lands on: an edited
 episode deleted or changed meanwhile raises :class:`CommitConflictError`
 and changes nothing. Derived columns are keyed by episode id: trim and
-set_meta keep per-episode derived values; trim refuses a dataset with
-per-step derived columns and split one with any derived column (their values
-cannot move in the same commit).
+set_meta keep per-episode derived values; a split copies them to its halves
+(per-step rows cut at ``at``) in a side-table update just before its commit;
+trim refuses a dataset with per-step derived columns (the episode-table
+property that would make cut values visible cannot change in the commit that
+cuts the rows).
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ from ..read.snapshot import Snapshot
 from ..storage.rows import build_rows, meta_column
 from ..storage.store import Store
 from ..storage.table import arrow_schema
+from ..write import derived
 from ..write.commit import run_pooled
 
 EDIT_ID_BASE = -(1 << 63)  # edit ids: EDIT_ID_BASE + (edit number << 32 | sequence), all < 0
@@ -95,7 +98,7 @@ def trim(store: Store, snap: Snapshot, positions: np.ndarray, cuts: np.ndarray, 
     for eid, t, (a, b) in zip(ids, lengths.tolist(), cuts.tolist(), strict=True):
         if not 0 <= a < b <= t:
             raise ArgumentError(f"trim: episode {eid} has {t} transitions; [{a}, {b}) must keep at least one of them")
-    _refuse_derived(snap, "trim", per_step_only=True)
+    _refuse_per_step_derived(snap)
     removed = int((lengths - (cuts[:, 1] - cuts[:, 0])).sum())
     if dry_run or not ids:
         return EditReport("TRIM", store.version, True, ids, [], removed) if dry_run else _nothing("TRIM", store)
@@ -114,7 +117,6 @@ def split(store: Store, snap: Snapshot, position: int, at: int, dry_run: bool) -
     t = int(snap.lengths[position])
     if isinstance(at, bool) or not isinstance(at, int | np.integer) or not 0 < at < t:
         raise ArgumentError(f"split: episode {eid} has {t} transitions; at={at!r} must be an int in [1, {t - 1}]")
-    _refuse_derived(snap, "split", per_step_only=False)
     capacity = store.capacity
     if capacity is not None and capacity.episodes is not None and snap.num_episodes + 1 > capacity.episodes:
         raise ArgumentError(
@@ -123,8 +125,9 @@ def split(store: Store, snap: Snapshot, position: int, at: int, dry_run: bool) -
         )
     if dry_run:
         return EditReport("SPLIT", store.version, True, [eid], [], 0)
-    old = _current_rows(store, [eid])[0]
     new_ids = _edit_ids(store, 2)
+    _split_derived(store, snap, position, at, new_ids)
+    old = _current_rows(store, [eid])[0]
     positions = np.array([position, position])
     cuts = np.array([[0, at], [at, t]], dtype=np.int64)
     terminated = np.array([False, bool(snap.index["terminated"][position])])
@@ -220,13 +223,37 @@ def _is_value(f: Any, value: Any) -> bool:
     return True
 
 
-def _refuse_derived(snap: Snapshot, verb: str, per_step_only: bool) -> None:
-    fields = [f.key for f in snap.derived.fields if not per_step_only or f.role != "meta"]
+def _refuse_per_step_derived(snap: Snapshot) -> None:
+    fields = [f.key for f in snap.derived.fields if f.role != "meta"]
     if fields:
-        kind = "per-step derived columns" if per_step_only else "derived columns"
         raise ArgumentError(
-            f"{verb}: the dataset declares {kind} {fields}, whose values cannot follow the edit in the same commit"
+            f"trim: the dataset declares per-step derived columns {fields}, whose values cannot be cut in the "
+            "commit that cuts the episodes"
         )
+
+
+def _split_derived(store: Store, snap: Snapshot, position: int, at: int, new_ids: np.ndarray) -> None:
+    """Give a split's halves the episode's derived values: per-episode ones copied, per-step rows cut at ``at``.
+
+    One side-table update (``UPDATE`` in history) before the split's commit:
+    its rows belong to ids no version holds yet, so it changes nothing any
+    reader sees; a crash before the split leaves them unread.
+    """
+    if not snap.derived.fields:
+        return
+    row = snap.derived_values().slice(position, 1)
+    columns = {}
+    for f in snap.derived.fields:
+        value = row.column(f.key)[0]
+        if not value.is_valid:
+            columns[f.key] = pa.nulls(2, f.arrow_type())
+        elif f.role == "meta":
+            columns[f.key] = pa.array([value.as_py()] * 2, f.arrow_type())
+        else:
+            rows = value.as_py()
+            columns[f.key] = pa.array([rows[: at + extra_rows(f)], rows[at:]], f.arrow_type())
+    if any(column.null_count < 2 for column in columns.values()):
+        derived.write(store, new_ids, columns)
 
 
 def _nothing(operation: str, store: Store) -> EditReport:
