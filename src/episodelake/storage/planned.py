@@ -247,6 +247,8 @@ class PlainArray:
             key = self._decoded_key(self._chunk_path(c), None, None)
             shard = codecs.decoded_cache.get(key)
             if shard is None:
+                if self.per_shard * chunk.nbytes > codecs.decoded_cache.limit:
+                    return  # the cache could not keep it (EPISODELAKE_DECODED_CACHE_MB=0, or a huge shard)
                 shard = codecs.FrameShard(self.per_shard, self.field.shape, chunk.dtype)
                 codecs.decoded_cache.put(key, shard)
             shard.frames[c % self.per_shard] = chunk[0]
