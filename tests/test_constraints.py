@@ -247,3 +247,30 @@ def test_constraints_on_s3(s3_server, s3_url):
     reopened = el.Dataset.open(s3_url, storage_options=s3_server.storage_options)
     assert len(reopened) == 1
     assert reopened.maintenance.vacuum(dry_run=True).unreferenced_rows == 0  # no tensor rows written for it
+
+
+def test_max_repeat_across_the_comparison_windows():
+    """Runs that span the cache-sized windows of the comparison (85 rows of 3 KiB frames each) are counted whole."""
+    schema = el.DatasetSchema(
+        [
+            el.FieldSpec("camera", (32, 32, 3), "uint8", layout="HWC", max_repeat=4),
+            el.FieldSpec("action", (), "float32", role="action"),
+            el.FieldSpec("reward", (), "float32", role="reward"),
+        ]
+    )
+    rng = np.random.default_rng(3)
+    for run_end in (85, 171):  # the 5th identical row at a window edge, and past the next one
+        frames = rng.integers(0, 255, (3, 101, 32, 32, 3), dtype=np.uint8)
+        flat = frames.reshape(-1, 32, 32, 3)
+        flat[run_end - 4 : run_end + 1] = flat[run_end - 4]  # rows of the whole batch: episode 0 holds 0..100
+        keyed = [{"observation/camera": f} for f in frames]
+        expected = first_violation(list(schema.fields), keyed)
+        assert expected is not None
+        ds = el.Dataset.create(schema)
+        episodes = [
+            {"observations": f, "actions": np.zeros(100, np.float32), "rewards": np.zeros(100, np.float32)}
+            for f in frames
+        ]
+        with pytest.raises(el.QualityError) as info:
+            ds.append_episodes(episodes)
+        assert (info.value.episode, info.value.step) == (expected[0], expected[3])

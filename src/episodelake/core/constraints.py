@@ -27,6 +27,7 @@ import numpy as np
 from .episode import EpisodeBatch
 from .errors import QualityError
 from .schema import CONSTRAINTS, DatasetSchema, FieldSpec
+from .summary import WINDOW_BYTES
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,7 @@ def _bounds(bound: str) -> Callable[[FieldSpec, np.ndarray, np.ndarray], np.ndar
 def _within(starts: np.ndarray, rows: int) -> np.ndarray:
     """Per row: whether it follows a row of the same episode (False at each episode's first row)."""
     follows = np.ones(rows, dtype=bool)
-    follows[starts[:-1][starts[:-1] < rows]] = False
+    follows[starts[:-1]] = False  # every episode has rows: each start is a row
     return follows
 
 
@@ -116,8 +117,13 @@ def _not_monotonic(f: FieldSpec, rows: np.ndarray, starts: np.ndarray) -> np.nda
 def _repeated(f: FieldSpec, rows: np.ndarray, starts: np.ndarray) -> np.ndarray:
     """Rows that are the ``(max_repeat + 1)``-th (or later) identical row of a run within their episode."""
     raw = np.ascontiguousarray(rows).view(np.uint8).reshape(len(rows), -1)
+    if raw.shape[1] % 8 == 0:  # compared 8 bytes at a time
+        raw = raw.view(np.uint64)
     same = np.zeros(len(rows), dtype=np.int64)
-    same[1:] = (raw[1:] == raw[:-1]).all(axis=1)
+    window = max(1, WINDOW_BYTES // max(1, raw[:1].nbytes))  # the comparison's temporary stays cache-sized
+    for r in range(1, len(rows), window):
+        hi = min(r + window, len(rows))
+        same[r:hi] = (raw[r:hi] == raw[r - 1 : hi - 1]).all(axis=1)
     same &= _within(starts, len(rows))
     total = np.cumsum(same)
     # the run of identical rows ending at each row: repeats since the last row that differed

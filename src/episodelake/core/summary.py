@@ -22,7 +22,7 @@ in a thread pool (NumPy and zlib release the GIL).
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -54,11 +54,19 @@ class BatchSummary:
     stats: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
 
 
-def summarize(schema: DatasetSchema, batch: EpisodeBatch, run: Runner = run_inline) -> BatchSummary:
-    """CRC-32s (tensor fields), statistics (numeric step fields) and returns of every episode of ``batch``."""
+def summarize(
+    schema: DatasetSchema, batch: EpisodeBatch, run: Runner = run_inline, keys: Collection[str] | None = None
+) -> BatchSummary:
+    """CRC-32s (tensor fields), statistics (numeric step fields) and returns of every episode of ``batch``.
+
+    ``keys``: only these step fields get CRC-32s and statistics (None: all); the quality gate summarizes
+    only what its checks name.
+    """
     tasks: list[Callable[[], Any]] = []
     plan: list[tuple[str, FieldSpec, int]] = []  # (kind, field, number of tasks)
     for f in schema.step_fields:
+        if keys is not None and f.key not in keys:
+            continue
         values = batch.data[f.key]
         starts = batch.row_starts(f)
         row_bytes = max(1, values[:1].nbytes)

@@ -89,6 +89,7 @@ def build_rows(
     """The Arrow rows for a batch of finished episodes (in the table's schema), built column by column.
 
     ``quality``: with the :data:`QUALITY_COLUMNS` last (the table has them, or this batch needs them).
+    Fields ``summary`` leaves out (``summarize(keys=)``) have NULL checksum and statistics columns.
     """
     target = arrow_schema(schema)
     n = len(batch)
@@ -108,11 +109,14 @@ def build_rows(
     for f in schema.step_fields:
         if f.in_tensor:
             cols[f"ref/{f.key}"] = pa.array(refs[f.key], pa.int64())
-            cols[f"crc/{f.key}"] = pa.array(summary.crc[f.key], pa.int64())
+            crc = summary.crc.get(f.key)
+            cols[f"crc/{f.key}"] = pa.nulls(n, pa.int64()) if crc is None else pa.array(crc, pa.int64())
         else:
             cols[f.key] = step_column(f, batch.data[f.key], batch.row_starts(f), target.field(f.key).type)
-        if has_stats(f):
+        if has_stats(f) and f.key in summary.stats:
             cols.update(stat_columns(f, summary.stats[f.key], target))
+        elif has_stats(f):
+            cols.update({c: pa.nulls(n, target.field(c).type) for c in (stat_column(f, p) for p in STAT_PARTS)})
     if quality:
         cols.update(quality_columns(batch.failed, n))
         target = pa.unify_schemas([target, QUALITY_COLUMNS])

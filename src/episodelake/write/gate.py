@@ -20,7 +20,8 @@ check and the first failing step (constraints are judged first); the whole
 batch is refused and nothing of it is queued, so a bulk call that validates
 before committing stays all-or-nothing. A dataset without constraints and
 checks pays nothing; one with checks pays one summary and two DuckDB
-statements per call that finishes episodes (the online writer: per episode).
+statements per call that finishes episodes (the online writer: per episode),
+and summarizes only the fields the predicates name.
 """
 
 from __future__ import annotations
@@ -96,13 +97,16 @@ def _failures(store: Store, checks: tuple[Check, ...], batch: EpisodeBatch) -> p
     """Every (check, episode position, first failing step) of ``batch`` (``failures_sql``'s columns)."""
     schema = store.schema
     n = len(batch)
+    used = " ".join(c.predicate for c in checks)
     refs = {f.key: np.zeros(n, np.int64) for f in schema.tensor_fields}  # nothing stored yet: no references
-    rows = build_rows(schema, batch, summarize(schema, batch), "00000000", np.arange(n, dtype=np.int64), refs)
+    # only the fields the predicates name are summarized (their statistics columns; the others read NULL)
+    summary = summarize(schema, batch, keys={f.key for f in schema.step_fields if f.key.lower() in used.lower()})
+    rows = build_rows(schema, batch, summary, "00000000", np.arange(n, dtype=np.int64), refs)
     cur = _database().cursor()
     try:
         cur.register("episode_table", rows)
         cur.execute(sql_template("episodes").substitute(derived="", join="", restriction=""))
-        unnest, columns = steps_columns(schema)
+        unnest, columns = steps_columns(schema, used)
         cur.execute(sql_template("steps").substitute(unnest=unnest, columns=columns))
         return cur.sql(failures_sql(checks)).to_arrow_table()
     except duckdb.Error as exc:
