@@ -335,6 +335,7 @@ def test_capacity_dataset_trims_and_refuses_a_split_over_capacity(tmp_path):
     assert_dataset(el.Dataset.open(path), [cut(raws[0], 0, 1), *raws[1:]])
 
 
+@pytest.mark.slow
 def test_pinned_reader_in_another_process_keeps_reading_the_old_version(tmp_path):
     from .workers.replay import episode, schema
 
