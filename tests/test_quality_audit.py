@@ -8,8 +8,10 @@ each check and the first failing step. A NULL predicate result fails.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -168,23 +170,28 @@ def test_bad_checks_are_refused_naming_the_check(kwargs, error, words):
 # ---- audits against the reference
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=20, deadline=None)
 @given(
     seed=st.integers(0, 2**32 - 1),
     count=st.integers(1, 12),
     chosen=st.lists(st.sampled_from(sorted(TEMPLATES)), min_size=1, max_size=5, unique=True),
     constants=st.lists(st.floats(-1.2, 1.2), min_size=5, max_size=5),
+    on_disk=st.booleans(),
 )
-def test_audit_matches_the_reference_on_random_datasets(seed, count, chosen, constants):
+def test_audit_matches_the_reference_on_random_datasets(seed, count, chosen, constants, on_disk):
     rng = np.random.default_rng(seed)
-    ds, episodes = written(None, [random_episode(rng, nan=True) for _ in range(count)])
-    expected = list(zip(chosen, constants, strict=False))
-    checks = [make_check(k, c) for k, c in expected]
-    assert_report(ds.quality.check(checks), episodes, expected)
-    # stored, the same checks give the same report
-    ds.quality.add(*checks)
-    assert ds.quality.list() == tuple(checks)
-    assert_report(ds.quality.check(), episodes, expected)
+    with tempfile.TemporaryDirectory() as root:
+        path = os.path.join(root, "ds") if on_disk else None
+        ds, episodes = written(path, [random_episode(rng, nan=True) for _ in range(count)])
+        expected = list(zip(chosen, constants, strict=False))
+        checks = [make_check(k, c) for k, c in expected]
+        assert_report(ds.quality.check(checks), episodes, expected)
+        # stored, the same checks give the same report, also to another handle on the same root
+        ds.quality.add(*checks)
+        assert ds.quality.list() == tuple(checks)
+        assert_report(ds.quality.check(), episodes, expected)
+        if path is not None:
+            assert_report(el.Dataset.open(path, read_only=True).quality.check(), episodes, expected)
 
 
 @pytest.mark.parametrize("where", ["memory", "disk", "s3"])
