@@ -512,3 +512,13 @@ def test_set_meta_checks_the_fields_constraints_like_a_write():
     assert ds.version == before
     ds.edit.set_meta({"score": [0.25, 1.0, None]})  # the bounds themselves pass, and so does NULL
     assert [e.meta["score"] for e in ds.episodes()] == [0.25, 1.0, None]
+
+
+def test_a_trim_built_block_by_block_equals_one_built_at_once(monkeypatch):
+    from episodelake.ops import edit
+
+    raws = raw_set(20, 5, min_length=3)
+    ds = build(raws)
+    monkeypatch.setattr(edit, "BLOCK_BYTES", 1)  # one episode per block: the blocks are joined in order
+    ds.edit.trim(head=1, tail=1)
+    assert_dataset(ds, [cut(r, 1, r.length - 1) for r in raws])
