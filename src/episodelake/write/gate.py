@@ -47,6 +47,7 @@ from ..storage.store import Store
 from ..storage.table import arrow_schema
 
 _DB: dict[int, duckdb.DuckDBPyConnection] = {}  # pid -> this process's sandboxed database for commit-time checks
+_CURSORS: dict[tuple[int, str, str, str], duckdb.DuckDBPyConnection] = {}  # see _cursor
 _DB_LOCK = threading.Lock()
 
 
@@ -102,20 +103,18 @@ def _failures(store: Store, checks: tuple[Check, ...], batch: EpisodeBatch) -> p
     # only the fields the predicates name are summarized (their statistics columns; the others read NULL)
     summary = summarize(schema, batch, keys={f.key for f in schema.step_fields if f.key.lower() in used.lower()})
     rows = build_rows(schema, batch, summary, "00000000", np.arange(n, dtype=np.int64), refs)
-    cur = _database().cursor()
-    try:
-        cur.register("episode_table", rows)
-        cur.execute(sql_template("episodes").substitute(derived="", join="", restriction=""))
-        unnest, columns = steps_columns(schema, used)
-        cur.execute(sql_template("steps").substitute(unnest=unnest, columns=columns))
-        return cur.sql(failures_sql(checks)).to_arrow_table()
-    except duckdb.Error as exc:
-        raise QueryError(
-            f"{store.location.url}: the dataset's checks {[c.name for c in checks]} cannot run over the episodes "
-            f"being written (nothing was stored): {exc}"
-        ) from exc
-    finally:
-        cur.close()
+    unnest, columns = steps_columns(schema, used)
+    with _DB_LOCK:  # one cursor per process, row schema and steps view: its views read whatever episode_table is now
+        cur = _cursor(rows, unnest, columns)
+        try:
+            return cur.sql(failures_sql(checks)).to_arrow_table()
+        except duckdb.Error as exc:
+            raise QueryError(
+                f"{store.location.url}: the dataset's checks {[c.name for c in checks]} cannot run over the episodes "
+                f"being written (nothing was stored): {exc}"
+            ) from exc
+        finally:
+            cur.unregister("episode_table")
 
 
 def release(store: Store, ids: list[int]) -> int:
@@ -141,15 +140,28 @@ def release(store: Store, ids: list[int]) -> int:
     return version
 
 
-def _database() -> duckdb.DuckDBPyConnection:
-    with _DB_LOCK:
-        db = _DB.get(os.getpid())
-        if db is None:
-            db = _DB[os.getpid()] = connect(sandbox=True)
-        return db
+def _cursor(rows: pa.Table, unnest: str, columns: str) -> duckdb.DuckDBPyConnection:
+    """A cursor of this process with ``rows`` registered as ``episode_table`` under the ``episodes`` view and a
+    ``steps`` view of these columns. The views are made once per row schema and steps columns (a fresh cursor
+    and its views cost more than the query); a view's columns are fixed when it is made."""
+    key = (os.getpid(), rows.schema.to_string(), unnest, columns)
+    cur = _CURSORS.get(key)
+    if cur is not None:
+        cur.register("episode_table", rows)
+        return cur
+    db = _DB.get(os.getpid())
+    if db is None:
+        db = _DB[os.getpid()] = connect(sandbox=True)
+    cur = _CURSORS[key] = db.cursor()
+    cur.register("episode_table", rows)
+    cur.execute(sql_template("episodes").substitute(derived="", join="", restriction=""))
+    cur.execute(sql_template("steps").substitute(unnest=unnest, columns=columns))
+    return cur
 
 
 def _close_at_exit() -> None:
+    for key in [k for k in _CURSORS if k[0] == os.getpid()]:
+        _CURSORS.pop(key).close()
     db = _DB.pop(os.getpid(), None)
     if db is not None:
         db.close()
