@@ -284,3 +284,16 @@ def test_the_gymnasium_recorder_honours_the_checks(tmp_path):
     ds = el.Dataset.open(str(tmp_path / "ds"))
     assert sorted(ds.snapshot().lengths.tolist()) == sorted(n for n in lengths if n >= 15)
     assert sorted(ds.quality.quarantine().snapshot().lengths.tolist()) == sorted(n for n in lengths if n < 15)
+
+
+def test_set_meta_that_completes_a_held_episode_raises_the_rejection():
+    fields = [*schema().fields, el.FieldSpec("operator", (), "str", role="meta", required=True)]
+    checks = [el.Check("known", "operator <> 'nobody'")]
+    ds = el.Dataset.create(el.DatasetSchema(fields), checks=checks, commit_episodes=1)
+    w = ds.new_episode({"obs": np.zeros(2, np.float32), "camera": np.zeros((4, 4), np.uint8)}, n=0)
+    step = {"observation": {"obs": np.zeros(2, np.float32), "camera": np.zeros((4, 4), np.uint8)}, "action": 0.0}
+    w.add_step({**step, "reward": 1.0, "terminated": True})  # held: operator is required
+    with pytest.raises(el.QualityError, match="check 'known'"):
+        w.set_meta(operator="nobody")
+    ds.flush()  # nothing waits for meta any more, nothing was stored
+    assert len(ds) == 0
