@@ -522,3 +522,26 @@ def test_a_trim_built_block_by_block_equals_one_built_at_once(monkeypatch):
     monkeypatch.setattr(edit, "BLOCK_BYTES", 1)  # one episode per block: the blocks are joined in order
     ds.edit.trim(head=1, tail=1)
     assert_dataset(ds, [cut(r, 1, r.length - 1) for r in raws])
+
+
+def test_edits_write_no_tensor_bytes(tmp_path):
+    path = str(tmp_path / "ds")
+    raws = raw_set(22, 4, min_length=3)
+    ds = build(raws, path)
+    ids = ds.episode_ids.tolist()
+
+    def tensor_files() -> dict[str, tuple[int, int]]:
+        root = Path(path, "tensors")
+        return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*") if p.is_file()}
+
+    before = tensor_files()
+    assert before  # the camera field's arrays
+    ds.edit.trim({ids[0]: (1, 3)})
+    ds.edit.split(ids[1], 2)
+    ds.edit.set_meta({"task": "x"})
+    assert tensor_files() == before  # same files, same sizes, never rewritten
+    reopened = el.Dataset.open(path)
+    assert reopened.maintenance.validate().ok
+    np.testing.assert_array_equal(
+        reopened.episode(id=ids[0]).read().data["observation/camera"], raws[0].obs["camera"][1:4]
+    )
