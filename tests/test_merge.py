@@ -173,14 +173,26 @@ def test_merge_across_disk_and_s3(tmp_path, s3_server, s3_url):
     assert sorted(back.sql("SELECT source FROM episodes").fetchnumpy()["source"]) == [f"{s3_url}-merged"] * 5
 
 
+def cli(*args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "episodelake.cli", *args]
+    return subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+
+
+def test_cli_merge_then_rename_in_subprocesses(tmp_path):
+    a_raws, b_raws = raw_set(11, 2), raw_set(12, 1)
+    a, b = build(a_raws, str(tmp_path / "a")), build(b_raws, str(tmp_path / "b"))
+    done = cli("merge", str(tmp_path / "a"), str(tmp_path / "b"), str(tmp_path / "m"), "--quiet")
+    assert done.returncode == 0 and "merged 3 episodes" in done.stdout, done.stderr
+    assert_merged(el.Dataset.open(str(tmp_path / "m")), [(a, a_raws), (b, b_raws)])
+    renamed = cli("edit", "rename-field", str(tmp_path / "m"), "task", "label")
+    assert renamed.returncode == 0 and "RENAME FIELD: changed task -> label" in renamed.stdout, renamed.stderr
+    assert el.Dataset.open(str(tmp_path / "m")).schema.meta_fields[0].key == "label"
+
+
+@pytest.mark.slow
 def test_cli_merge_and_schema_edits_in_a_subprocess(tmp_path):
     a_raws, b_raws = raw_set(9, 3), raw_set(10, 2)
     a, b = build(a_raws, str(tmp_path / "a")), build(b_raws, str(tmp_path / "b"))
-
-    def cli(*args: str) -> subprocess.CompletedProcess:
-        cmd = [sys.executable, "-m", "episodelake.cli", *args]
-        return subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
-
     dry = cli("merge", str(tmp_path / "a"), str(tmp_path / "b"), str(tmp_path / "m"), "--dry-run", "--json")
     assert dry.returncode == 0, dry.stderr
     assert json.loads(dry.stdout)["episodes"] == 5 and not (tmp_path / "m").exists()

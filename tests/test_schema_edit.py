@@ -307,9 +307,19 @@ def test_schema_edits_on_s3(s3_server, s3_url):
 KILLED = """
 import sys, threading, os, signal, time
 import episodelake as el
+import episodelake.storage.table as table
 ds = el.Dataset.open(sys.argv[1])
-delay = float(sys.argv[2])
-threading.Timer(delay, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+kill = lambda: os.kill(os.getpid(), signal.SIGKILL)
+if sys.argv[2] in ("before", "after"):  # at the overwrite: before it starts, or once it committed
+    real = table.write_deltalake
+    def write(*args, **kwargs):
+        if sys.argv[2] == "before":
+            kill()
+        real(*args, **kwargs)
+        kill()
+    table.write_deltalake = write
+else:  # at a random moment
+    threading.Timer(float(sys.argv[2]), kill).start()
 ds.columns.rename("observation/camera", "observation/cam") if sys.argv[3] == "rename" else ds.columns.drop("task")
 time.sleep(60)  # the edit is done: wait for the kill
 """
@@ -320,10 +330,11 @@ time.sleep(60)  # the edit is done: wait for the kill
 def test_sigkill_during_a_schema_edit_leaves_old_or_new(tmp_path, edit):
     raws = raw_set(9, 4)
     outcomes = set()
-    for trial, delay in enumerate(np.random.default_rng(10).uniform(0.0, 0.6, 10).tolist()):
+    delays = ["before", "after", *map(str, np.random.default_rng(10).uniform(0.0, 0.6, 8).tolist())]
+    for trial, delay in enumerate(delays):
         path = str(tmp_path / f"ds{trial}")
         build(raws, path)
-        child = subprocess.run([sys.executable, "-c", KILLED, path, str(delay), edit], cwd=ROOT, env=ENV, timeout=120)
+        child = subprocess.run([sys.executable, "-c", KILLED, path, delay, edit], cwd=ROOT, env=ENV, timeout=120)
         assert child.returncode == -signal.SIGKILL
         ds = el.Dataset.open(path)
         if ds.version == 1:
@@ -343,7 +354,7 @@ def test_sigkill_during_a_schema_edit_leaves_old_or_new(tmp_path, edit):
                 del w.meta["task"]
         assert_fields(ds, want, keys)
         assert json.loads((Path(path) / "episodelake.json").read_text())["schema"] == robot_schema().to_json()
-    assert outcomes  # (which of the two each trial saw depends on timing; each is whole)
+    assert outcomes == {"old", "new"}  # the kill points give both; the random kills may give either
 
 
 def test_vacuum_keeps_the_arrays_of_dropped_tensor_fields_for_older_versions(tmp_path):
