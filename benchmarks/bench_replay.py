@@ -48,7 +48,8 @@ Rounds alternate between the systems (one process, so background load hits
 all alike); each prints its median rate over the rounds and the ratio to
 cpprb. ``torch.set_num_threads(1)``.
 
-Run: ``.venv/bin/python benchmarks/bench_replay.py [--quick] [--rounds R] [--dir DIR] [--parts 1,2,3] [--single-steps N]``.
+Run: ``.venv/bin/python benchmarks/bench_replay.py [--quick] [--rounds R] [--dir DIR] [--parts 1,2,3]``
+(part 1's sizes: ``--online-steps``, ``--single-steps``, ``--memmap-steps``).
 """
 
 from __future__ import annotations
