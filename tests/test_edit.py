@@ -545,3 +545,17 @@ def test_edits_write_no_tensor_bytes(tmp_path):
     np.testing.assert_array_equal(
         reopened.episode(id=ids[0]).read().data["observation/camera"], raws[0].obs["camera"][1:4]
     )
+
+
+def test_dry_runs_of_set_meta_and_split_commit_nothing():
+    raws = raw_set(23, 3, min_length=2)
+    ds = build(raws)
+    ids = ds.episode_ids.tolist()
+    report = ds.edit.set_meta({"task": "x"}, dry_run=True)
+    assert report.dry_run and report.episode_ids == ids and report.version == ds.version == 1
+    report = ds.edit.split(ids[0], 1, dry_run=True)
+    assert report.dry_run and report.episode_ids == [ids[0]] and ds.version == 1
+    assert len(ds.history()) == 2
+    assert_dataset(ds, raws)
+    nothing = ds.edit.set_meta({"task": "x"}, where="length > 1000")  # no episode matches: no commit
+    assert not nothing.dry_run and not nothing.episode_ids and ds.version == 1

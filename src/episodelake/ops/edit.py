@@ -199,6 +199,8 @@ def _meta_values(schema: DatasetSchema, key: str, value: Any, ids: list[int]) ->
 def _check_bounds(f: FieldSpec, stacked: np.ndarray, valid: np.ndarray, ids: list[int]) -> None:
     """:class:`QualityError` for the first new value outside ``f``'s ``min``/``max`` (as a write: NULL passes, NaN
     fails), naming the episode."""
+    if not ids:
+        return
     rows = np.asarray(stacked).reshape(len(ids), -1)
     for bound in ("min", "max"):
         limit = getattr(f, bound, None)
