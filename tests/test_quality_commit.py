@@ -297,3 +297,17 @@ def test_set_meta_that_completes_a_held_episode_raises_the_rejection():
         w.set_meta(operator="nobody")
     ds.flush()  # nothing waits for meta any more, nothing was stored
     assert len(ds) == 0
+
+
+def test_changes_count_the_quarantine_as_absent():
+    ds = flagged_dataset()
+    n_of = {int(r.meta["n"]): r.episode_id for view in (ds, ds.quality.quarantine()) for r in view.episodes()}
+    assert sorted(ds.changes(ds.version - 1).added.tolist()) == sorted([n_of[0], n_of[2]])  # not 1, 3
+    before = ds.version
+    ds.quality.release([n_of[1]])
+    c = ds.changes(before)
+    assert (c.added.tolist(), c.removed.tolist(), c.updated.tolist()) == ([n_of[1]], [], [])
+    before = ds.version
+    ds.delete([n_of[3]])  # never shown: its deletion removes nothing the dataset showed
+    c = ds.changes(before)
+    assert (len(c.added), len(c.removed), len(c.updated)) == (0, 0, 0)

@@ -60,7 +60,8 @@ def changes(store: Store, since: int) -> Changes:
         raise ArgumentError(f"changes: since_version {since} is after this dataset's version {now.version}")
     then = EpisodeTable.open(store.location, int(since))
     before, after = then.file_set(), now.file_set()
-    gone, new = then.episode_ids_in(before - after), now.episode_ids_in(after - before)
+    # quarantined episodes count as absent, as in snapshots: a release adds one, a quarantined append adds none
+    gone, new = then.episode_ids_in(before - after, visible=True), now.episode_ids_in(after - before, visible=True)
     added = np.setdiff1d(new, gone)
     removed = np.setdiff1d(gone, new)
     old_state, new_state = DerivedState.of(then.dt), DerivedState.of(now.dt)

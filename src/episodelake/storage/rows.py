@@ -17,12 +17,11 @@ from ..core.episode import EpisodeBatch
 from ..core.schema import DatasetSchema, FieldSpec, to_storage
 from ..core.stats import STAT_PARTS, has_stats, stat_column
 from ..core.summary import BatchSummary
-from .table import arrow_schema
+from .table import QUARANTINED, arrow_schema
 
 # The quality columns (write/gate.py): the quarantine and warn checks an episode failed at its commit, and whether
 # it is quarantined. A table has them from the first commit that needs them (a schema merge); older rows read NULL.
 CHECKS_FAILED = "checks_failed"
-QUARANTINED = "quarantined"
 QUALITY_COLUMNS = pa.schema([(CHECKS_FAILED, pa.list_(pa.string())), (QUARANTINED, pa.bool_())])
 
 

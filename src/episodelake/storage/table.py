@@ -72,6 +72,9 @@ SCHEMA_KEY = b"episodelake.schema"  # field metadata of episode_id: the schema o
 UNCHECKED = b""  # a commit's ``stamp`` when its rows fit any schema edit (never a recorded schema: JSON)
 
 
+QUARANTINED = "quarantined"  # the quality column of quarantined episodes (``rows.QUALITY_COLUMNS``)
+
+
 def arrow_schema(schema: DatasetSchema) -> pa.Schema:
     """The episode table's Arrow schema for a dataset schema."""
     cols: list[pa.Field] = [
@@ -502,10 +505,27 @@ class EpisodeTable:
         """Paths of the pinned version's data files, relative to the table directory (``changes``)."""
         return set(pa.table(self.dt.get_add_actions(flatten=True)).column("path").to_pylist())
 
-    def episode_ids_in(self, rels: Iterable[str]) -> np.ndarray:
-        """The ``episode_id`` column of the data files ``rels`` (relative paths), concatenated (int64)."""
-        parts = [read_table_file(self.loc, self.file_path(rel), ["episode_id"]).column(0) for rel in sorted(rels)]
-        return np.concatenate([np.asarray(p, dtype=np.int64) for p in parts]) if parts else np.zeros(0, np.int64)
+    def episode_ids_in(self, rels: Iterable[str], visible: bool = False) -> np.ndarray:
+        """The ``episode_id`` column of the data files ``rels`` (relative paths), concatenated (int64).
+
+        ``visible``: only the episodes a snapshot shows (not :data:`QUARANTINED`; files written before the
+        quality columns hold none).
+        """
+        flagged = visible and QUARANTINED in {f.name for f in self.dt.schema().fields}
+        parts = []
+        for rel in sorted(rels):
+            path = self.file_path(rel)
+            if flagged:
+                try:
+                    tbl = read_table_file(self.loc, path, ["episode_id", QUARANTINED])
+                except pa.ArrowInvalid:  # a file written before the quality columns: no episode of it is quarantined
+                    pass
+                else:
+                    held = np.asarray(tbl.column(1).fill_null(False), dtype=bool)
+                    parts.append(np.asarray(tbl.column(0), dtype=np.int64)[~held])
+                    continue
+            parts.append(np.asarray(read_table_file(self.loc, path, ["episode_id"]).column(0), dtype=np.int64))
+        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
     def file_path(self, rel: str) -> str:
         """Filesystem path of a data file named relative to the table directory (as the log names it)."""
