@@ -203,7 +203,9 @@ class EpisodeTable:
 
     def schema_stamp(self) -> bytes | None:
         """The schema a schema edit recorded in the loaded version (:data:`SCHEMA_KEY`); None: the descriptor's."""
-        return (pa.schema(self.dt.schema().to_arrow()).field("episode_id").metadata or {}).get(SCHEMA_KEY)
+        first = self.dt.schema().fields[0]  # episode_id, every version's first column; no Arrow conversion
+        raw = first.metadata.get(SCHEMA_KEY.decode())
+        return raw.encode() if isinstance(raw, str) else None
 
     def _check_stamp(self, stamp: bytes | None, rows: pa.Table) -> None:
         """:class:`SchemaError` when a schema edit other than ``stamp`` is in the loaded version (``b""``: any)."""
