@@ -27,6 +27,8 @@ MORE_READS = {
     "positions": lambda ds: len(ds.positions),
     "trajectories": lambda ds: len({int(e) for e in ds.trajectories(64, seed=0).sample().episode_id}),
     "snapshot": lambda ds: ds.snapshot().num_episodes,
+    "quality": lambda ds: ds.quality.check([el.Check("never", "false")])["never"].failed,
+    "edit": lambda ds: len(ds.edit.trim(where="true", head=1, dry_run=True).episode_ids),
 }
 # Public names that are not reads of the episodes: writers, derived columns, constructors, plain attributes.
 NOT_READS = {
