@@ -19,9 +19,11 @@ A rejection is a :class:`QualityError` naming the episode, the constraint or
 check and the first failing step (constraints are judged first); the whole
 batch is refused and nothing of it is queued, so a bulk call that validates
 before committing stays all-or-nothing. A dataset without constraints and
-checks pays nothing; one with checks pays one summary and two DuckDB
-statements per call that finishes episodes (the online writer: per episode),
-and summarizes only the fields the predicates name.
+checks pays nothing; constraints cost one NumPy pass per constrained field;
+checks cost a summary of the fields their predicates name and one DuckDB
+query per call that finishes episodes (the online writer: per episode, about
+13 ms measured with two checks; a bulk import of 400 x 50-step camera
+episodes with three constraints and two checks took 1.16x the time of none).
 """
 
 from __future__ import annotations
