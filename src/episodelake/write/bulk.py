@@ -173,12 +173,17 @@ def _groups(schema: DatasetSchema, episodes: Iterable[Mapping[str, Any]], group_
 
 def _raw_bytes(ep: Any) -> int:
     """Bytes of an episode's arrays as given (bounds the memory a group holds; 0 for a non-mapping)."""
+    if type(ep) is not dict and not _is_mapping(ep):
+        return 0
     out = 0
-    for value in ep.values() if _is_mapping(ep) else ():
-        if isinstance(value, np.ndarray):
+    for value in ep.values():
+        kind = type(value)  # type() tests: this runs once per episode of a dict import
+        if kind is np.ndarray:
             out += value.nbytes
-        elif type(value) is dict:
+        elif kind is dict:
             out += sum(getattr(v, "nbytes", 0) for v in value.values())
+        elif isinstance(value, np.ndarray):
+            out += value.nbytes
     return out
 
 
@@ -186,6 +191,14 @@ def _rows(value: Any) -> int:
     """The leading length of an episode's array (-1 for a scalar); ``.shape`` first, as np.shape costs a microsecond."""
     shape = value.shape if type(value) is np.ndarray else np.shape(value)
     return shape[0] if shape else -1
+
+
+def _all_rows(values: list[Any]) -> np.ndarray:
+    """:func:`_rows` of each value; ``len`` (a C call) unless a value has no length (a scalar, a 0-d array)."""
+    try:
+        return np.fromiter(map(len, values), np.int64, len(values))
+    except TypeError:
+        return np.fromiter(map(_rows, values), np.int64, len(values))
 
 
 def _is_mapping(value: Any) -> TypeGuard[Mapping[str, Any]]:
@@ -223,27 +236,32 @@ def _as_columns(schema: DatasetSchema, group: list[Mapping[str, Any]]) -> tuple[
     plan = [(key, names, collected[key], len(names) == 1) for key, names in roles]
     meta_names = [f.name for f in schema.meta_fields]
     meta: dict[str, list[Any]] = {n: [] for n in meta_names}
-    terminated, truncated, lengths = [], [], []
+    terminated: list[Any] = []
+    truncated: list[Any] = []
     if "actions" not in collected:
         return None
     actions = collected["actions"][0]
     for ep in group:
-        if not _is_mapping(ep) or not _PLAIN_KEYS.issuperset(ep):
+        if (type(ep) is not dict and not _is_mapping(ep)) or not _PLAIN_KEYS.issuperset(ep):
             return None
         for key, names, out, single in plan:
             value = ep.get(key)
-            if single and isinstance(value, np.ndarray):
+            if single and type(value) is np.ndarray:
+                out[0].append(value)
+            elif single and isinstance(value, np.ndarray):
                 out[0].append(value)
             elif _is_mapping(value) and len(value) == len(names) and all(n in value for n in names):
                 for n, lst in zip(names, out, strict=True):
                     lst.append(value[n])
             else:
                 return None  # absent, nested or incomplete: the reference path fills defaults or names it
-        flags = ep.get("terminated", False), ep.get("truncated", False)
-        if not all(f is True or f is False or isinstance(f, np.bool_) for f in flags):
+        term, trunc = ep.get("terminated", False), ep.get("truncated", False)
+        if not (term is True or term is False or isinstance(term, np.bool_)):
             return None
-        terminated.append(flags[0])
-        truncated.append(flags[1])
+        if not (trunc is True or trunc is False or isinstance(trunc, np.bool_)):
+            return None
+        terminated.append(term)
+        truncated.append(trunc)
         given = ep.get("meta")
         if given:
             if not all(n in meta for n in given):
@@ -253,15 +271,13 @@ def _as_columns(schema: DatasetSchema, group: list[Mapping[str, Any]]) -> tuple[
         else:
             for lst in meta.values():
                 lst.append(None)
-        lengths.append(_rows(actions[-1]))
-    steps = np.array(lengths, dtype=np.int64)
+    steps = _all_rows(actions)
     for key, role in EPISODE_KEYS.items():
         if key not in collected:
             continue
         want = rows_for(schema.role_fields(role)[0], steps)
         for lst in collected[key]:
-            rows = np.fromiter(map(_rows, lst), np.int64, len(lst))
-            if not np.array_equal(rows, want):  # also catches errors that cancel out in the totals
+            if not np.array_equal(_all_rows(lst), want):  # also catches errors that cancel out in the totals
                 return None
     try:
         columns: dict[str, Any] = {
