@@ -167,7 +167,7 @@ def test_stats_table_skips_episodes_without_values(empty_as_null):
     rng = np.random.default_rng(3)
     # values above 1: a row without values taken for zeros would show in min and in std
     values = [None if i % 4 == 0 else 1 + rng.random((int(rng.integers(1, 9)), 5)) for i in range(12)]
-    table = StatsTable(12)
+    table = StatsTable(np.repeat([0, 1], 6), 2)
     table.fill(f, np.arange(6), stat_rows(f, values[:6], empty_as_null))  # two pieces, like two table files
     table.fill(f, np.arange(6, 12), stat_rows(f, values[6:], empty_as_null))
     rows = np.array([0, 1, 4, 5, 8, 11])
@@ -186,4 +186,4 @@ def test_stats_table_rejects_misshapen_statistics():
     short = pa.array([[1.0] * 5, [1.0] * 4], pa.list_(pa.float64()))
     bad = good.set_column(good.schema.get_field_index(stat_column(f, "min")), stat_column(f, "min"), short)
     with pytest.raises(el.CorruptionError, match=r"field 'observation/state': statistics 'min' do not hold 5 values"):
-        StatsTable(2).fill(f, np.arange(2), bad)
+        StatsTable(np.zeros(2, np.int64), 1).fill(f, np.arange(2), bad)

@@ -115,13 +115,23 @@ class StatsTable:
     part are one contiguous copy), so a subset's statistics are one gather of
     its rows and one reduction per part (:meth:`aggregate`):
     no SQL, no pass over steps or tensors. Rows not yet filled must not be
-    aggregated (the caller fills every row it asks for).
+    aggregated (the caller fills every row it asks for, and a table file's
+    rows all at once).
+
+    ``file`` is each row's table file (``files`` of them). The rows of a file
+    never change within a table (a snapshot's scan), so each file's totals are
+    reduced once, the first time a subset holds all of its rows, and a subset
+    holding whole files merges their totals instead of their episodes (the
+    whole table: one merge of a row per file).
     """
 
-    def __init__(self, rows: int) -> None:
-        self.rows = rows
+    def __init__(self, file: np.ndarray, files: int) -> None:
+        self.rows = len(file)
+        self._file = file
+        self._file_rows = np.bincount(file, minlength=files)
         self._count: dict[str, np.ndarray] = {}
         self._parts: dict[str, np.ndarray] = {}  # parts in STAT_PARTS[1:] order
+        self._totals: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}  # key -> (done, count, parts)
         self._lock = threading.Lock()
 
     def _arrays(self, f: FieldSpec) -> tuple[np.ndarray, np.ndarray]:
@@ -161,10 +171,48 @@ class StatsTable:
     def aggregate(self, f: FieldSpec, rows: np.ndarray) -> dict[str, Any]:
         """Count, sum, mean, population std, min and max of ``f`` over distinct ``rows`` (per channel if it has one)."""
         counts, parts = self._arrays(f)
+        if len(rows) == self.rows:  # every row: no per-row pass
+            whole = self._file_rows > 0
+        else:
+            per_file = np.bincount(self._file[rows], minlength=len(self._file_rows))
+            whole = (per_file == self._file_rows) & (per_file > 0)
+        n = 0
+        merged: list[np.ndarray] = []
+        if whole.any():
+            file_count, file_parts = self._file_totals(f, whole)
+            n, merged = int(file_count[whole].sum()), [file_parts[:, whole]]
+            rows = rows[:0] if whole.all() else rows[~whole[self._file[rows]]]
         count = counts[rows]
         held = rows[count > 0]
-        block = parts if len(held) == self.rows else np.take(parts, held, axis=1)
-        return _field_moments(f, moments(int(count.sum()), *block))
+        if len(held) or not merged:
+            merged.append(parts if len(held) == self.rows else np.take(parts, held, axis=1))
+        block = merged[0] if len(merged) == 1 else np.concatenate(merged, axis=1)
+        return _field_moments(f, moments(n + int(count.sum()), *block))
+
+    def _file_totals(self, f: FieldSpec, files: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per-file count ``[files]`` and parts ``[part, files, channel]`` of ``f``, reduced for the ``files`` (a mask)
+        not reduced yet; a file without values holds sums 0, min +inf and max -inf (neutral in a merge)."""
+        counts, parts = self._arrays(f)
+        with self._lock:
+            if f.key not in self._totals:
+                n_files, channels = len(self._file_rows), f.stat_channels
+                lo_hi = np.full((2, n_files, channels), np.inf) * np.array([1.0, -1.0])[:, None, None]
+                total = np.concatenate([np.zeros((2, n_files, channels)), lo_hi])
+                self._totals[f.key] = (np.zeros(n_files, dtype=bool), np.zeros(n_files, dtype=np.int64), total)
+            done, file_count, file_parts = self._totals[f.key]
+            todo = files & ~done
+            if todo.any():
+                rows = np.flatnonzero(todo[self._file])
+                rows = rows[np.argsort(self._file[rows], kind="stable")]
+                np.add.at(file_count, self._file[rows], counts[rows])
+                held = rows[counts[rows] > 0]
+                owner, starts = np.unique(self._file[held], return_index=True)
+                if len(held):
+                    block = np.take(parts, held, axis=1)
+                    for i, ufunc in enumerate((np.add, np.add, np.minimum, np.maximum)):
+                        file_parts[i, owner] = ufunc.reduceat(block[i], starts, axis=0)
+                done |= todo
+            return file_count, file_parts
 
 
 def values_moments(f: FieldSpec, values: np.ndarray) -> dict[str, Any]:

@@ -196,9 +196,9 @@ class _SnapshotSQL:
         with self.lock:
             scan = self.snap.scan()
             if self._stats is None:
-                self._stats = StatsTable(scan.table.num_rows)
+                self._stats = StatsTable(scan.file, len(scan.fragments))
             needed = np.zeros(len(scan.fragments), dtype=bool)
-            needed[scan.file[rows]] = True
+            needed[scan.file if len(rows) == scan.table.num_rows else scan.file[rows]] = True  # rows are distinct
             done = {f.key: self._stats_files.setdefault(f.key, np.zeros(len(needed), dtype=bool)) for f in fields}
             todo = [f for f in fields if (needed & ~done[f.key]).any()]
             if todo:
@@ -737,10 +737,12 @@ def stats(collection: EpisodeCollection, fields: Iterable[str] | None = None) ->
         rows = np.arange(len(scan.order)) if chosen is None else np.sort(scan.order[positions])
         table = state.stats_table([f for f in specs if not f.derived], rows)
         length, returns, has_return = state.episode_values()
+        if chosen is not None:  # the whole table takes the arrays as they are, without a gather
+            length, returns, has_return = length[rows], returns[rows], has_return[rows]
         out: dict[str, dict[str, Any]] = {
             "episodes": {"count": len(rows)},
-            "length": value_moments(length[rows]),
-            "return": value_moments(returns[rows[has_return[rows]]]),
+            "length": value_moments(length),
+            "return": value_moments(returns[has_return]),
         }
         for f in specs:
             out[f.key] = _derived_moments(snap, f, positions) if f.derived else table.aggregate(f, rows)

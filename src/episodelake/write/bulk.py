@@ -246,9 +246,7 @@ def _as_columns(schema: DatasetSchema, group: list[Mapping[str, Any]]) -> tuple[
             return None
         for key, names, out, single in plan:
             value = ep.get(key)
-            if single and type(value) is np.ndarray:
-                out[0].append(value)
-            elif single and isinstance(value, np.ndarray):
+            if single and (type(value) is np.ndarray or isinstance(value, np.ndarray)):  # type(): the fast test
                 out[0].append(value)
             elif _is_mapping(value) and len(value) == len(names) and all(n in value for n in names):
                 for n, lst in zip(names, out, strict=True):
