@@ -6,8 +6,12 @@ Parts (each on its own local dataset, built first and not timed):
   3x64x64 uint8 frames in tensor arrays) each trimmed by ``--trim`` steps
   (``ds.edit.trim(head=...)``): the kept frames are read once (checksums and
   statistics recomputed), no frame is written;
-* ``relabel``: the task label of ``--relabel-episodes`` small episodes set
-  (``ds.edit.set_meta``): only table rows are rewritten;
+* ``relabel``: the task label of half of ``--relabel-episodes`` small
+  episodes set (``ds.edit.set_meta``): only table rows are rewritten, which
+  for a table-only dataset is what ``copy_to`` writes too;
+* ``relabel camera``: the task label of every camera episode set (the trim
+  part's dataset): the table rows rewritten, no frame touched, against a
+  ``copy_to`` that copies the frames too;
 * ``drop field``: the per-step ``state`` field dropped from the camera
   dataset (``ds.columns.drop``): the table rows rewritten, no frame touched.
 
@@ -145,6 +149,16 @@ def part_relabel(root: str, s: Sizes) -> tuple[str, float, int, float, int]:
     )
 
 
+def part_relabel_camera(root: str, s: Sizes) -> tuple[str, float, int, float, int]:
+    ds = camera_dataset(f"{root}/relabel-camera", s)
+    t_copy, b_copy = measure(root, lambda: ds.copy_to(f"{root}/relabel-camera-copy", progress=False))
+    t_edit, b_edit = measure(
+        f"{root}/relabel-camera", lambda: ds.edit.set_meta({"task": "stack"}, where="task = 'pick'")
+    )
+    assert ds.sql("SELECT count(*) AS n FROM episodes WHERE task = 'stack'").fetchnumpy()["n"][0] == s.camera_episodes
+    return f"relabel the task of {s.camera_episodes} camera episodes", t_edit, b_edit, t_copy, b_copy
+
+
 def part_drop_field(root: str, s: Sizes) -> tuple[str, float, int, float, int]:
     ds = camera_dataset(f"{root}/drop", s)
     t_copy, b_copy = measure(root, lambda: ds.copy_to(f"{root}/drop-copy", progress=False))
@@ -157,6 +171,7 @@ def part_drop_field(root: str, s: Sizes) -> tuple[str, float, int, float, int]:
 PARTS: list[tuple[str, Callable[[str, Sizes], tuple[str, float, int, float, int]]]] = [
     ("trim", part_trim),
     ("relabel", part_relabel),
+    ("relabel camera", part_relabel_camera),
     ("drop field", part_drop_field),
 ]
 

@@ -559,3 +559,29 @@ def test_dry_runs_of_set_meta_and_split_commit_nothing():
     assert_dataset(ds, raws)
     nothing = ds.edit.set_meta({"task": "x"}, where="length > 1000")  # no episode matches: no commit
     assert not nothing.dry_run and not nothing.episode_ids and ds.version == 1
+
+
+def test_an_id_range_edit_keeps_what_landed_meanwhile_and_refuses_changed_episodes(tmp_path):
+    path = str(tmp_path / "ds")
+    raws = raw_set(17, 100, max_length=4)
+    first = build(raws, path)
+    ids = first.episode_ids.tolist()
+    picked = [ids[i] for i in range(100) if i % 3]  # 66 (> 64): replaced over their id range
+    second = el.Dataset.open(path)
+    second.snapshot()
+    first.edit.set_meta({"task": "moved"}, [ids[3]])  # an unedited episode inside the range changes meanwhile
+    second.edit.set_meta({"success": True}, picked)  # its rows read before that commit: read again, not reverted
+    want = {eid: (r.meta["task"], r.meta["success"]) for eid, r in zip(ids, raws, strict=True)}
+    want[ids[3]] = ("moved", want[ids[3]][1])
+    want |= {eid: (want[eid][0], True) for eid in picked}
+    reopened = el.Dataset.open(path)
+    assert {int(e.episode_id): (e.meta["task"], e.meta["success"]) for e in reopened.episodes()} == want
+    third = el.Dataset.open(path)
+    third.snapshot()
+    latest = el.Dataset.open(path)
+    latest.edit.set_meta({"task": "again"}, [picked[-1]])  # an edited episode changes meanwhile: nothing is edited
+    version = latest.version
+    with pytest.raises(el.CommitConflictError, match="changed concurrently"):
+        third.edit.trim(head=0, tail=1, where="length >= 2")
+    assert el.Dataset.open(path).version == version
+    assert el.Dataset.open(path).maintenance.validate().ok

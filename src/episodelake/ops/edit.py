@@ -102,12 +102,13 @@ def trim(store: Store, snap: Snapshot, positions: np.ndarray, cuts: np.ndarray, 
     removed = int((lengths - (cuts[:, 1] - cuts[:, 0])).sum())
     if dry_run or not ids:
         return EditReport("TRIM", store.version, True, ids, [], removed) if dry_run else _nothing("TRIM", store)
-    old = _current_rows(store, ids)[0]
+    span = len(ids) > ID_LIST_MAX
+    old, others = _current_rows(store, ids, span)
     cut_end = cuts[:, 1] < lengths
     terminated = snap.index["terminated"][positions] & ~cut_end
     truncated = snap.index["truncated"][positions] | cut_end
     rows = _edited_rows(store, snap, old, positions, cuts, terminated, truncated, np.asarray(ids, np.int64))
-    version = _commit(store, old, rows, "TRIM")
+    version = _commit(store, old, others, rows, "TRIM", span)
     return EditReport("TRIM", version, False, ids, [], removed)
 
 
@@ -127,13 +128,13 @@ def split(store: Store, snap: Snapshot, position: int, at: int, dry_run: bool) -
         return EditReport("SPLIT", store.version, True, [eid], [], 0)
     new_ids = _edit_ids(store, 2)
     _split_derived(store, snap, position, at, new_ids)
-    old = _current_rows(store, [eid])[0]
+    old, others = _current_rows(store, [eid])
     positions = np.array([position, position])
     cuts = np.array([[0, at], [at, t]], dtype=np.int64)
     terminated = np.array([False, bool(snap.index["terminated"][position])])
     truncated = np.array([True, bool(snap.index["truncated"][position])])
     rows = _edited_rows(store, snap, old, positions, cuts, terminated, truncated, new_ids)
-    version = _commit(store, old, rows, "SPLIT")
+    version = _commit(store, old, others, rows, "SPLIT", False)
     return EditReport("SPLIT", version, False, [eid], new_ids.tolist(), 0)
 
 
@@ -162,7 +163,8 @@ def set_meta(
         _check_bounds(meta[key], stacked, valid, ids)
     if dry_run or not ids:
         return EditReport("SET META", store.version, True, ids) if dry_run else _nothing("SET META", store)
-    old = _current_rows(store, ids)[0]
+    span = len(ids) > ID_LIST_MAX
+    old, others = _current_rows(store, ids, span)
     order = {eid: i for i, eid in enumerate(ids)}
     at = np.array([order[int(e)] for e in old["episode_id"].to_pylist()], dtype=np.int64)
     target = arrow_schema(store.schema)
@@ -170,7 +172,7 @@ def set_meta(
     for key, (stacked, valid) in checked.items():
         column = meta_column(meta[key], stacked[at], valid[at], target.field(key).type)
         rows = rows.set_column(rows.schema.get_field_index(key), target.field(key), column)
-    version = _commit(store, old, rows, "SET META")
+    version = _commit(store, old, others, rows, "SET META", span)
     return EditReport("SET META", version, False, ids)
 
 
@@ -365,22 +367,23 @@ def _edit_ids(store: Store, n: int) -> np.ndarray:
     return EDIT_ID_BASE + ((number << 32) | np.arange(n, dtype=np.int64))
 
 
-def _commit(store: Store, old: pa.Table, rows: pa.Table, operation: str) -> int:
+def _commit(store: Store, old: pa.Table, others: pa.Table, rows: pa.Table, operation: str, span: bool) -> int:
     """Replace the episodes of ``old`` by ``rows`` in one commit; the latest version must still hold ``old``.
 
-    Many episodes kept under their ids are replaced over their id range
-    (``span``: the range's other rows rewritten unchanged), few by an id list.
+    ``span`` (many episodes kept under their ids, :data:`ID_LIST_MAX`): they
+    are replaced over their id range, whose other rows ``others`` (read with
+    ``old``) are rewritten unchanged; otherwise by an id list. Only when a
+    commit landed since ``old`` was read are the rows read again (once).
     """
     ids = old["episode_id"].to_pylist()
-    span = len(ids) > ID_LIST_MAX and set(rows["episode_id"].to_pylist()) == set(ids)
-    read_at = store.table.version  # the version ``old`` was read at
+    read_at = store.table.version  # the version ``old`` and ``others`` were read at
 
     def plan() -> tuple[pa.Table, list[int]]:
-        if store.table.version == read_at and not span:
-            return rows, ids  # nothing landed since ``old`` was read
-        now, others = _current_rows(store, ids, span)
-        if not now.equals(old):
-            raise CommitConflictError(f"{operation}: episodes {ids[:10]} changed concurrently: nothing was edited")
+        nonlocal others
+        if store.table.version != read_at:
+            now, others = _current_rows(store, ids, span)
+            if not now.equals(old):
+                raise CommitConflictError(f"{operation}: episodes {ids[:10]} changed concurrently: nothing was edited")
         return (pa.concat_tables([others, rows]) if span else rows), ids
 
     stamp = store.table.schema_stamp()  # the fields the rows were built under: a schema edit since refuses them
