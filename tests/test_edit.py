@@ -585,3 +585,22 @@ def test_an_id_range_edit_keeps_what_landed_meanwhile_and_refuses_changed_episod
         third.edit.trim(head=0, tail=1, where="length >= 2")
     assert el.Dataset.open(path).version == version
     assert el.Dataset.open(path).maintenance.validate().ok
+
+
+@pytest.mark.parametrize("sizes", [(1, 64), (65, 80)], ids=["id-list", "id-range"])
+@FAST
+@given(seed=st.integers(0, 2**16), data=st.data())
+def test_set_meta_per_episode_values_land_on_their_episodes(sizes, seed, data):
+    """One value per episode, in the (shuffled) ``episode_ids`` order, few (an id list) or many (an id range)."""
+    raws = raw_set(seed, 80, max_length=3)
+    ds = build(raws)
+    ids = ds.episode_ids.tolist()
+    chosen = data.draw(st.permutations(ids))[: data.draw(st.integers(*sizes))]
+    labels = [f"t{seed}-{i}" for i in range(len(chosen))]
+    flags = data.draw(st.lists(st.booleans(), min_size=len(chosen), max_size=len(chosen)))
+    ds.edit.set_meta({"task": labels, "success": flags}, chosen)
+    want = {eid: (r.meta["task"], r.meta["success"]) for eid, r in zip(ids, raws, strict=True)}
+    want |= {eid: (label, flag) for eid, label, flag in zip(chosen, labels, flags, strict=True)}
+    assert {int(e.episode_id): (e.meta["task"], e.meta["success"]) for e in ds.episodes()} == want
+    rows = ds.sql("SELECT episode_id, task FROM episodes").fetchall()
+    assert {int(e): t for e, t in rows} == {eid: t for eid, (t, _) in want.items()}

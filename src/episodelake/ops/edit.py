@@ -165,8 +165,9 @@ def set_meta(
         return EditReport("SET META", store.version, True, ids) if dry_run else _nothing("SET META", store)
     span = len(ids) > ID_LIST_MAX
     old, others = _current_rows(store, ids, span)
-    order = {eid: i for i, eid in enumerate(ids)}
-    at = np.array([order[int(e)] for e in old["episode_id"].to_pylist()], dtype=np.int64)
+    chosen = np.asarray(ids, dtype=np.int64)
+    sorter = np.argsort(chosen)
+    at = sorter[np.searchsorted(chosen, old["episode_id"].to_numpy(), sorter=sorter)]  # old's row -> ids' index
     target = arrow_schema(store.schema)
     rows = old
     for key, (stacked, valid) in checked.items():
@@ -181,20 +182,25 @@ def _meta_values(schema: DatasetSchema, key: str, value: Any, ids: list[int]) ->
     f = schema[key]
     n = len(ids)
     per_episode = isinstance(value, list | tuple) and len(value) == n and not _is_value(f, value)
-    items = list(value) if per_episode else [value] * n
-    checked = [meta_value(f, v, f"set_meta of episode {eid}") for v, eid in zip(items, ids, strict=True)]
+    if per_episode:
+        checked = [meta_value(f, v, f"set_meta of episode {eid}") for v, eid in zip(value, ids, strict=True)]
+    else:  # one value for all: checked once (as the first episode's), broadcast below
+        checked = [meta_value(f, value, f"set_meta of episode {ids[0]}")] if n else []
     if f.required:
-        unset = [eid for v, eid in zip(checked, ids, strict=True) if v is None]
+        if per_episode:
+            unset = [eid for v, eid in zip(checked, ids, strict=True) if v is None]
+        else:
+            unset = ids if checked == [None] else []
         if unset:
             raise ValidationError(f"set_meta: meta field {key!r} is required; episodes {unset[:10]} would have none")
-    valid = np.array([v is not None for v in checked], dtype=bool)
+    valid = np.broadcast_to(np.array([v is not None for v in checked], dtype=bool), (n,)).copy()
     if f.np_dtype.kind == "U":
-        return np.array([v or "" for v in checked], dtype=object), valid
-    stacked = np.zeros((n, *f.shape), f.np_dtype)
+        return np.broadcast_to(np.array([v or "" for v in checked], dtype=object), (n,)).copy(), valid
+    stacked = np.zeros((len(checked), *f.shape), f.np_dtype)
     for i, v in enumerate(checked):
         if v is not None:
             stacked[i] = v
-    return stacked, valid
+    return np.broadcast_to(stacked, (n, *f.shape)).copy(), valid
 
 
 @np.errstate(invalid="ignore")
