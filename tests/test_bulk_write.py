@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 import episodelake as el
 from episodelake.core import summary
+from episodelake.core.checks import episode_from_dict
 from episodelake.write import bulk
 
 
@@ -265,3 +266,17 @@ def test_statistics_of_episodes_that_span_windows(monkeypatch):
     cols = columns(lengths, seed=7)
     ds = el.Dataset.from_episodes(cols, None, schema(), lengths=lengths)
     assert_stored(ds, cols, lengths)  # validate() recomputes every episode's statistics from its values
+
+
+@pytest.mark.parametrize("bad", ["0-d array", "string", "dict"])
+def test_values_without_rows_in_a_group_are_named_as_one_episode_would_be(bad):
+    # a group's lengths are read with len(); values whose len() is not a row count must still fail like the
+    # episode-by-episode check (the reference: checks.episode_from_dict on that episode alone)
+    lengths = np.array([3, 3, 3], dtype=np.int64)
+    episodes = as_dicts(columns(lengths), lengths)
+    episodes[1]["rewards"] = {"0-d array": np.float32(1.0), "string": "abc", "dict": {"a": 1, "b": 2, "c": 3}}[bad]
+    with pytest.raises(el.ValidationError) as want:
+        episode_from_dict(schema(), episodes[1], "episode 1")
+    with pytest.raises(el.ValidationError) as got:
+        el.Dataset.from_episodes(episodes, None, schema())
+    assert str(got.value) == str(want.value)
