@@ -17,7 +17,7 @@ skips docstrings, comments and mutants that do not compile, and draws
 ``--per-module`` of them with a seeded generator (same seed, same tree: same
 mutants). The hand-planted :data:`NAMED` mutations (bugs found in 0.2) run
 too. Each mutant is written into the copy, the module's test files run
-(``pytest -x -q``, default markers) with the copy first on ``PYTHONPATH``, and
+(``pytest -x -q``, default markers; tests named one by one run whatever their marker) with the copy first on ``PYTHONPATH``, and
 the outcome recorded: ``killed`` (a test failed), ``survived`` (all passed),
 ``timeout`` (ran past ``--timeout``; counted as killed, as mutmut does) or
 ``error``. Results go to ``--out`` as JSON lines (a rerun with the same
@@ -67,6 +67,10 @@ MODULE_TESTS: dict[str, list[str]] = {
     "core/quality": ["test_quality_audit.py"],
     "read/audit": ["test_quality_audit.py", "test_notebook.py"],
     "write/quality": ["test_quality_audit.py"],
+    "core/constraints": ["test_constraints.py"],
+    "write/gate": ["test_quality_commit.py", "test_constraints.py"],
+    "ops/schema_edit": ["test_schema_edit.py"],
+    "ops/merge": ["test_merge.py"],
     "sampling/prefetch": ["test_sampling.py", "test_shutdown.py"],
     "core/lifecycle": ["test_lifecycle.py"],
     "ops/namespaces": ["test_face.py", "test_maintenance.py", "test_derived.py", "test_bad_input.py", "test_edit.py"],
@@ -304,10 +308,15 @@ def copy_tree(dest: Path, rev: str) -> None:
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
 
 
+def markers(tests: list[str]) -> list[str]:
+    """Tests named one by one (``file::test``) run whatever their marker: a slow one was chosen on purpose."""
+    return ["-m", "slow or not slow"] if any("::" in test for test in tests) else []
+
+
 def run_tests(copy: Path, tests: list[str], timeout: float, deselect: list[str] = ()) -> tuple[str, float, str]:
     """(outcome, seconds, output) of ``pytest -x -q`` over ``tests`` in ``copy``, without the ``deselect`` ids."""
     env = dict(os.environ, PYTHONPATH=str(copy / "src"), PYTHONDONTWRITEBYTECODE="1")
-    argv = [sys.executable, "-m", "pytest", "-x", "-q", "-rf", "-p", "no:cacheprovider", *tests]
+    argv = [sys.executable, "-m", "pytest", "-x", "-q", "-rf", "-p", "no:cacheprovider", *markers(tests), *tests]
     argv += [arg for test in deselect for arg in ("--deselect", test)]
     start = time.monotonic()  # the run's duration is reported, never used to decide an outcome but the timeout
     proc = subprocess.Popen(
@@ -337,7 +346,7 @@ def baseline_failures(copy: Path, tests: list[str], runs: int) -> tuple[list[str
     took = 0.0
     for _ in range(runs):
         env = dict(os.environ, PYTHONPATH=str(copy / "src"), PYTHONDONTWRITEBYTECODE="1")
-        argv = [sys.executable, "-m", "pytest", "-q", "-rf", "-p", "no:cacheprovider", *tests]
+        argv = [sys.executable, "-m", "pytest", "-q", "-rf", "-p", "no:cacheprovider", *markers(tests), *tests]
         start = time.monotonic()
         out = subprocess.run(argv, cwd=copy, env=env, capture_output=True, text=True).stdout
         took = max(took, time.monotonic() - start)
