@@ -17,7 +17,8 @@ skips docstrings, comments and mutants that do not compile, and draws
 ``--per-module`` of them with a seeded generator (same seed, same tree: same
 mutants). The hand-planted :data:`NAMED` mutations (bugs found in 0.2) run
 too. Each mutant is written into the copy, the module's test files run
-(``pytest -x -q``, default markers; tests named one by one run whatever their marker) with the copy first on ``PYTHONPATH``, and
+(``pytest -x -q``, default markers; tests named one by one run whatever
+their marker) with the copy first on ``PYTHONPATH``, and
 the outcome recorded: ``killed`` (a test failed), ``survived`` (all passed),
 ``timeout`` (ran past ``--timeout``; counted as killed, as mutmut does) or
 ``error``. Results go to ``--out`` as JSON lines (a rerun with the same
