@@ -271,6 +271,9 @@ def test_dry_run_reports_and_read_only_refuses(tmp_path):
         *(f"stats/observation/camera/{p}" for p in ("count", "sum", "sumsq", "min", "max")),
     }
     assert el.Dataset.open(path).version == report.version == 1
+    as_json = json.loads(json.dumps(report.to_json()))  # what `episodelake edit ... --json` prints
+    assert as_json["operation"] == report.operation and as_json["dry_run"] is True
+    assert as_json["fields"] == {"observation/camera": None} and set(as_json["columns"]) == set(report.columns)
     with pytest.raises(el.ReadOnlyError):
         ro.columns.rename("task", "label")
     with pytest.raises(el.ReadOnlyError):
