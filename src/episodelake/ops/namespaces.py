@@ -291,7 +291,9 @@ class Quality:
         if len(unknown) or not len(ids):
             raise ArgumentError(
                 f"quality.release: {len(unknown)} episode id(s) are not quarantined in version "
-                f"{self._store.version}: {unknown[:10].tolist()}" if len(ids) else "quality.release needs episode ids"
+                f"{self._store.version}: {unknown[:10].tolist()}"
+                if len(ids)
+                else "quality.release needs episode ids"
             )
         return release(self._store, np.unique(ids).tolist())
 
