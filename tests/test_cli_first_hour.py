@@ -175,11 +175,13 @@ def test_demo_replaces_an_earlier_demo_only_with_overwrite(tmp_path):
 def test_reserved_meta_name_lists_the_reserved_names():
     reserved = [
         "action",
+        "checks_failed",
         "created_at",
         "episode_id",
         "extra",
         "length",
         "observation",
+        "quarantined",
         "return",
         "reward",
         "seq",

@@ -30,6 +30,7 @@ LIBRARY_EXIT_HOOKS = [
     ["prefetchers", "episodelake.sampling.prefetch._stop_all_prefetchers"],
     ["compactions", "episodelake.storage.table.join_compactions"],
     ["databases", "episodelake.read.query._close_databases_at_exit"],
+    ["gates", "episodelake.write.gate._close_at_exit"],
     ["snapshots", "episodelake.read.snapshot._release_arrow_at_exit"],
 ]
 LIBRARY_FORK_HOOKS = [
@@ -100,15 +101,45 @@ REGISTERING = (  # the modules that register hooks, imported after the ones a ca
     [
         (
             ["sampling.prefetch", "write.commit"],
-            ["codecs", "fetchers", "compactions", "snapshots", "batching", "prefetchers", "commit", "databases"],
+            [
+                "codecs",
+                "fetchers",
+                "compactions",
+                "snapshots",
+                "batching",
+                "prefetchers",
+                "gates",
+                "commit",
+                "databases",
+            ],
         ),
         (
             ["write.commit", "read.query", "sampling.prefetch"],
-            ["codecs", "fetchers", "compactions", "commit", "snapshots", "databases", "batching", "prefetchers"],
+            [
+                "codecs",
+                "fetchers",
+                "compactions",
+                "gates",
+                "commit",
+                "snapshots",
+                "databases",
+                "batching",
+                "prefetchers",
+            ],
         ),
         (
             ["read.query", "sampling.prefetch", "write.commit"],
-            ["codecs", "compactions", "fetchers", "snapshots", "databases", "batching", "prefetchers", "commit"],
+            [
+                "codecs",
+                "compactions",
+                "fetchers",
+                "snapshots",
+                "databases",
+                "batching",
+                "prefetchers",
+                "gates",
+                "commit",
+            ],
         ),
     ],
 )
@@ -179,6 +210,7 @@ def test_hooks_run_in_the_written_order_at_their_moment_and_a_failing_one_does_n
         "prefetchers pool ok",
         "thread ended",  # joined after the threading stages
         "databases pool refused",  # atexit: concurrent.futures has shut down
+        "gates pool refused",
         "snapshots pool refused",
         "temp dirs pool refused",
     ]

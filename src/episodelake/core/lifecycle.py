@@ -42,6 +42,7 @@ EXIT_STAGES: tuple[tuple[str, Moment], ...] = (
     ("prefetchers", "threading"),  # sampling: stop and join the streams' prefetch threads
     ("compactions", "threading"),  # storage/table.py: join background compactions (the exit commit may start one)
     ("databases", "atexit"),  # read/query.py: close the DuckDB connections and databases
+    ("gates", "atexit"),  # write/gate.py: close the commit gate's DuckDB cursors and database
     ("snapshots", "atexit"),  # read/snapshot.py: drop the snapshots' Arrow datasets while Arrow is alive
     ("temp dirs", "atexit"),  # storage/location.py: remove the private credential directories
 )

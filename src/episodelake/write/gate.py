@@ -169,4 +169,4 @@ def _close_at_exit() -> None:
         db.close()
 
 
-lifecycle.on_exit("databases", _close_at_exit)
+lifecycle.on_exit("gates", _close_at_exit)
