@@ -83,13 +83,7 @@ def copy_to(
     if target.url == source.location.url:
         raise LocationError(f"cannot copy {source.location.url} onto itself")
     schema = _rechunked(snap.schema.base, chunk_rows, compression, codecs)
-    out = Store.create(
-        target,
-        schema,
-        partition_by=source.descriptor.get("partition_by", []),
-        overwrite=overwrite,
-        info=source.descriptor.get("info", {}),
-    )
+    out = create_like(source, target, schema, overwrite)
     positions = np.asarray(positions, dtype=np.int64)
     rows = _source_rows(snap, positions)
     arrays: dict[tuple[str, str], TensorArray | FrameArray] = {}
@@ -207,6 +201,17 @@ def _summary_columns(f: FieldSpec, stored: Sequence[np.ndarray], target: pa.Sche
             parts[part] = np.stack([np.zeros(channels) if p[part] is None else p[part] for p in per])
         out.update(stat_columns(f, parts, target))
     return out
+
+
+def create_like(source: Store, target: Location, schema: DatasetSchema, overwrite: bool) -> Store:
+    """A new dataset at ``target`` with ``schema`` and ``source``'s partitioning and info (copies and merges)."""
+    return Store.create(
+        target,
+        schema,
+        partition_by=source.descriptor.get("partition_by", []),
+        overwrite=overwrite,
+        info=source.descriptor.get("info", {}),
+    )
 
 
 def _source_rows(snap: Snapshot, positions: np.ndarray) -> pa.Table:

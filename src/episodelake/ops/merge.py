@@ -46,7 +46,7 @@ from ..storage.location import Location
 from ..storage.store import Store
 from ..storage.table import arrow_schema
 from ..storage.tensors import TensorArray
-from .copy import _batches, _copy_derived, _copy_tensor_rows, _source_rows, verify_copy
+from .copy import _batches, _copy_derived, _copy_tensor_rows, _source_rows, create_like, verify_copy
 
 SOURCE, SOURCE_ID = "source", "source_episode_id"
 LINEAGE = (
@@ -79,14 +79,7 @@ def merge(
         if store.location.url == target.url:
             raise LocationError(f"cannot merge {target.url} into itself")
     schema = merged_schema([(store.location.url, snap.schema) for store, snap, _ in sources])
-    first = sources[0][0]
-    out = Store.create(
-        target,
-        schema,
-        partition_by=first.descriptor.get("partition_by", []),
-        overwrite=overwrite,
-        info=first.descriptor.get("info", {}),
-    )
+    out = create_like(sources[0][0], target, schema, overwrite)
     taken: set[str] = set()
     expected: list[pa.Table] = []
     values: list[pa.Table] = []
