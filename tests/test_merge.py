@@ -23,24 +23,13 @@ from hypothesis import strategies as st
 import episodelake as el
 
 from .conftest import robot_schema
-from .reference import RawEpisode, random_episode
+from .reference import RawEpisode
+from .test_schema_edit import build, raw_set
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
 FAST = settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 MANY = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-
-
-def raw_set(seed: int, n: int) -> list[RawEpisode]:
-    rng = np.random.default_rng(seed)
-    return [random_episode(rng, int(rng.integers(1, 10))) for _ in range(n)]
-
-
-def build(raws: list[RawEpisode], path: str | None = None, **options) -> el.Dataset:
-    ds = el.Dataset.create(robot_schema(), path, **options)
-    ds.append_episodes(r.as_dict(unwrap_action=True) for r in raws)
-    ds.flush()
-    return ds
 
 
 def assert_merged(merged: el.Dataset, sources: list[tuple[el.Dataset, list[RawEpisode]]]) -> None:
