@@ -5,6 +5,9 @@ state/action/reward), writes it to local disk, copies it to S3 with
 ``copy_to`` (timed too) and then draws ``segment_stream`` batches
 (``batch_size`` segments of ``SEQ`` transitions, default prefetch) from:
 
+* the copy limit: the same random windows gathered by NumPy from in-memory
+  arrays of the dataset's geometry, one thread (every row is printed beside
+  it, so none can exceed it unnoticed);
 * local disk (memory-mapped chunk files);
 * the server's bare ranged-GET ceiling: random segment-sized byte ranges
   (``SEQ + 1`` camera rows) of the dataset's shard objects read
@@ -83,6 +86,7 @@ def episodes(n: int, length: int, seed: int = 0):
 
 
 PREFETCH = 2  # segment_stream's default; --prefetch sets it
+LIMIT = "copy limit (in-memory gather)"
 
 
 def sample(ds: el.Dataset, batches: int, seed: int = 1) -> dict[str, float]:
@@ -122,6 +126,29 @@ def ceiling(url: str, opts: dict, seconds: float, in_flight: int = 64) -> float:
     for future in pending:
         future.result()
         done += 1
+    return done / (time.perf_counter() - t0)
+
+
+def copy_limit(n_eps: int, length: int, seconds: float) -> float:
+    """Segments/s of the bound: ``BATCH`` random windows gathered by NumPy from in-memory arrays, one thread.
+
+    The arrays have the dataset's geometry (camera and state per observation
+    row, action and reward per step row), so a segment copies what a sampled one does.
+    """
+    rng = np.random.default_rng(3)
+    rows, steps = n_eps * (length + 1), n_eps * length
+    obs = [rng.integers(0, 256, (rows, 3, 64, 64), dtype=np.uint8), rng.standard_normal((rows, 8), dtype=np.float32)]
+    per_step = [rng.standard_normal((steps, 4), dtype=np.float32), rng.standard_normal(steps, dtype=np.float32)]
+    done, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        e, s = rng.integers(0, n_eps, BATCH), rng.integers(0, length - SEQ + 1, BATCH)
+        at = (e * (length + 1) + s)[:, None] + np.arange(SEQ + 1)
+        step_at = (e * length + s)[:, None] + np.arange(SEQ)
+        for a in obs:
+            a[at]
+        for a in per_step:
+            a[step_at]
+        done += BATCH
     return done / (time.perf_counter() - t0)
 
 
@@ -207,6 +234,7 @@ def main() -> None:
                 sample(warm_ds, batches)  # fills the warm cache with the batches measured below
                 disk_ds = el.Dataset.open(f"{tmp}/local", read_only=True)
                 runs = {
+                    LIMIT: lambda r: point(copy_limit(n_eps, length, seconds)),
                     "local disk": lambda r: sample(disk_ds, batches),
                     "S3 ranged-GET ceiling (64 in flight)": lambda r: point(ceiling(url, opts, seconds)),
                     "S3, no cache": lambda r: sample(s3, batches, seed=10 + r),
@@ -243,12 +271,15 @@ def main() -> None:
 
         get = dict(rows)
         disk, top = get["local disk"]["rate"], get["S3 ranged-GET ceiling (64 in flight)"]["rate"]
+        limit = get[LIMIT]["rate"]
         print(f"median of {args.rounds} interleaved rounds (the process rows: one run)")
-        print(f"{'source':<38}{'segments/s':>11}{'vs disk':>9}{'vs ceiling':>11}{'req/batch':>10}{'read/used':>10}")
+        print(f"{LIMIT}: a NumPy gather of the same windows from arrays in memory, one thread, this run")
+        head = f"{'source':<38}{'segments/s':>11}{'vs limit':>9}{'vs disk':>9}{'vs ceiling':>11}"
+        print(f"{head}{'req/batch':>10}{'read/used':>10}")
         for name, row in rows:
             print(
-                f"{name:<38}{row['rate']:>11.0f}{row['rate'] / disk:>9.3f}{row['rate'] / top:>11.2f}"
-                f"{row['req']:>10.1f}{row['ratio']:>10.2f}"
+                f"{name:<38}{row['rate']:>11.0f}{row['rate'] / limit:>9.3f}{row['rate'] / disk:>9.3f}"
+                f"{row['rate'] / top:>11.2f}{row['req']:>10.1f}{row['ratio']:>10.2f}"
             )
         uncached, via0_rate = get["S3, no cache"]["rate"], get["S3 via proxy +0 ms"]["rate"]
         slow = get[f"S3 via proxy {ms}"]["rate"]

@@ -3,7 +3,7 @@
 The paper dataset (docs/scale.md): three cameras ``u8[96, 128, 3]``, state and
 action ``f32[14]``, a scalar reward, every step field a tensor field (so the
 table holds one row per episode, never per step), meta ``task``/``success``/
-``operator``. Two measurements, each on a fresh local directory:
+``operator``. Three measurements, each on a fresh local directory:
 
 * **table**: ``--episodes`` episode rows written straight to Delta with the
   dataset's own table schema (``bench_query.build`` with this schema: tensor
@@ -16,6 +16,9 @@ table holds one row per episode, never per step), meta ``task``/``success``/
   writer's automatic compaction + checkpoint every 64 commits; then the
   commit entry sizes, the checkpoint size, table files, and ``Dataset.open``
   time every 64 commits.
+* **sample**: segments/s of the paper geometry from local disk and S3, each
+  beside the copy limit (the same windows gathered by NumPy from in-memory
+  arrays, one thread, this run) and its ratio to it.
 
 Run: ``.venv/bin/python benchmarks/bench_scale.py [--episodes N] [--commits C] [--per-commit E]``.
 """
@@ -162,11 +165,49 @@ def segments_per_s(ds: el.Dataset, batches: int) -> float:
     return rate
 
 
+def copy_limit(episodes: int, length: int, batches: int) -> float:
+    """Segments/s of the bound: the same ``B`` random windows gathered by NumPy from in-memory arrays, one thread.
+
+    The arrays have the paper geometry (three cameras and the state per
+    observation row, action and reward per step row), so a segment copies the
+    bytes one of the lake's segments does.
+    """
+    rows, step_rows = episodes * (length + 1), episodes * length
+    rng = np.random.default_rng(2)
+    obs = [rng.integers(0, 256, (rows, 96, 128, 3), dtype=np.uint8) for _ in CAMERAS]
+    obs.append(rng.standard_normal((rows, 14), dtype=np.float32))
+    steps = [rng.standard_normal((step_rows, 14), dtype=np.float32), rng.standard_normal(step_rows, dtype=np.float32)]
+
+    def sample() -> None:
+        e, s = rng.integers(0, episodes, BATCH), rng.integers(0, length - SEQ + 1, BATCH)
+        at = (e * (length + 1) + s)[:, None] + np.arange(SEQ + 1)
+        step_at = (e * length + s)[:, None] + np.arange(SEQ)
+        for a in obs:
+            a[at]
+        for a in steps:
+            a[step_at]
+
+    sample()  # warm-up: the arrays' pages touched
+    t0 = time.perf_counter()
+    for _ in range(batches):
+        sample()
+    return batches * BATCH / (time.perf_counter() - t0)
+
+
 def bench_sample(root: Path, episodes: int, length: int, batches: int, s3: bool) -> None:
-    """Segments/s of the paper geometry (B=32, L=16) from local disk, default chunks vs ``chunk_rows=8``, and S3."""
+    """Segments/s of the paper geometry (B=32, L=16) from local disk, default chunks vs ``chunk_rows=8``, and S3.
+
+    Each figure is printed beside the copy limit (:func:`copy_limit`, timed in
+    this run) and its ratio to it, so no row can exceed the bound unnoticed.
+    """
     step_bytes = sum(f.step_bytes for f in paper_schema().step_fields)
     segment_bytes = (SEQ + 1) * step_bytes
     print(f"sample: {episodes} episodes x {length} steps, {step_bytes:,} B per step, B={BATCH}, L={SEQ}")
+    limit = copy_limit(episodes, length, batches)
+    print(
+        f"  copy limit (NumPy gather of the same windows from memory, 1 thread): {limit:,.0f} segments/s = "
+        f"{limit * segment_bytes / 1e9:.2f} GB/s"
+    )
     local: dict[str, el.Dataset] = {}
     for name, rows in (("default chunks", None), ("chunk_rows=8", 8)):
         schema = paper_schema()
@@ -183,7 +224,8 @@ def bench_sample(root: Path, episodes: int, length: int, batches: int, s3: bool)
         read = (cam.rows_per_chunk + SEQ) / (SEQ + 1)  # c + R - 1 rows read per R = L + 1 rows used
         print(
             f"  local disk, {name} ({cam.rows_per_chunk} rows/chunk): {rate:,.0f} segments/s = "
-            f"{rate * segment_bytes / 1e9:.2f} GB/s used; camera rows read/used {read:.2f}"
+            f"{rate * segment_bytes / 1e9:.2f} GB/s used, x{rate / limit:.2f} the copy limit; "
+            f"camera rows read/used {read:.2f}"
         )
     if not s3:
         return
@@ -199,7 +241,7 @@ def bench_sample(root: Path, episodes: int, length: int, batches: int, s3: bool)
             rate = segments_per_s(remote, max(2, batches // 4))
             print(
                 f"  S3 (local server), no cache, {name}: {rate:,.0f} segments/s = "
-                f"{rate * segment_bytes / 1e6:.0f} MB/s used"
+                f"{rate * segment_bytes / 1e6:.0f} MB/s used, x{rate / limit:.2f} the copy limit"
             )
 
 
