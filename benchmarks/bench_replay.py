@@ -41,6 +41,8 @@ transitions and gets the same new priorities (``|N(0, 1)| + 1e-3``), with
 * cpprb ``PrioritizedReplayBuffer`` (C++ segment trees, data in memory):
   ``sample(256, beta=0.4)`` (obs, act, rew, next_obs, done, weights,
   indexes) and ``update_priorities(indexes, ...)``;
+* the copy limit: ``B`` uniform transitions gathered by NumPy from arrays in
+  memory (the copy alone: no priorities, no sum tree), printed beside each row;
 * TorchRL ``PrioritizedReplayBuffer``, where its C++ sum tree loads (it does
   not beside our torch 2.13.0 wheel: the benchmark says so).
 
@@ -68,6 +70,7 @@ import episodelake as el
 from episodelake.sampling.stream import SegmentStream
 
 B = 256
+LIMIT = "copy limit: NumPy gather of B transitions from memory"
 ALPHA, BETA = 0.6, 0.4
 STEPS = 1000  # per episode
 
@@ -171,6 +174,21 @@ def torchrl_buffer(episodes: int) -> Callable[[np.ndarray], None]:
     return step
 
 
+def copy_limit(episodes: int) -> Callable[[np.ndarray], None]:
+    """The copy part's bound: ``B`` uniform transitions (obs, act, rew, next_obs) gathered by NumPy from memory."""
+    obs = np.concatenate([episode(i)["obs"] for i in range(episodes)])
+    act = np.concatenate([episode(i)["act"] for i in range(episodes)])
+    rew = np.concatenate([episode(i)["rew"] for i in range(episodes)])
+    rng = np.random.default_rng(4)
+
+    def step(new: np.ndarray) -> None:
+        at = rng.integers(0, episodes * STEPS, B)
+        row = at + at // STEPS  # each episode holds STEPS + 1 observation rows
+        obs[row], act[at], rew[at], obs[row + 1]
+
+    return step
+
+
 def prioritized(root: Path, episodes: int, rounds: int, iters: int) -> None:
     print(f"== part 2: prioritized sample({B}) + update_priorities, {episodes * STEPS:,} transitions")
     lake = root / "lake"
@@ -181,6 +199,7 @@ def prioritized(root: Path, episodes: int, rounds: int, iters: int) -> None:
     t0 = time.perf_counter()
     systems["cpprb PrioritizedReplayBuffer"] = cpprb_buffer(episodes)
     print(f"  (filled cpprb in {time.perf_counter() - t0:.1f} s)")
+    systems[LIMIT] = copy_limit(episodes)
     systems["episodelake sample_transitions + PrioritizedSampler"] = lake_transitions(lake)
     systems["episodelake segment_stream(priority=)"] = lake_stream(lake)
     try:
@@ -203,9 +222,14 @@ def prioritized(root: Path, episodes: int, rounds: int, iters: int) -> None:
                 step(new)
             rates[name].append(iters / (time.perf_counter() - t0))
     base = statistics.median(rates["cpprb PrioritizedReplayBuffer"])
+    limit = statistics.median(rates[LIMIT])
+    print(f"  ({LIMIT}: uniform draws, no priorities, same run)")
     for name, r in rates.items():
         med = statistics.median(r)
-        print(f"  {name:55s} {med:8.0f} it/s (best {max(r):6.0f})   x{med / base:.2f} vs cpprb")
+        print(
+            f"  {name:55s} {med:8.0f} it/s (best {max(r):6.0f})   x{med / base:.2f} vs cpprb"
+            f"   x{med / limit:.3f} the copy limit"
+        )
 
 
 SCHEMA = el.DatasetSchema(
