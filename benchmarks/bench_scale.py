@@ -38,7 +38,8 @@ from pathlib import Path
 import numpy as np
 
 import episodelake as el
-from bench_query import timed as median_ms  # benchmarks/ is on sys.path when run as a script
+from bench_query import timed as median_ms
+from copy_limit import window_sampler  # benchmarks/ is on sys.path when run as a script
 from episodelake.storage import table
 
 CAMERAS = ("cam_left", "cam_right", "cam_wrist")
@@ -177,16 +178,7 @@ def copy_limit(episodes: int, length: int, batches: int) -> float:
     obs = [rng.integers(0, 256, (rows, 96, 128, 3), dtype=np.uint8) for _ in CAMERAS]
     obs.append(rng.standard_normal((rows, 14), dtype=np.float32))
     steps = [rng.standard_normal((step_rows, 14), dtype=np.float32), rng.standard_normal(step_rows, dtype=np.float32)]
-
-    def sample() -> None:
-        e, s = rng.integers(0, episodes, BATCH), rng.integers(0, length - SEQ + 1, BATCH)
-        at = (e * (length + 1) + s)[:, None] + np.arange(SEQ + 1)
-        step_at = (e * length + s)[:, None] + np.arange(SEQ)
-        for a in obs:
-            a[at]
-        for a in steps:
-            a[step_at]
-
+    sample = window_sampler(obs, steps, episodes, length, SEQ, BATCH)
     sample()  # warm-up: the arrays' pages touched
     t0 = time.perf_counter()
     for _ in range(batches):
