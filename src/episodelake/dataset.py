@@ -919,6 +919,10 @@ class Dataset(CollectionReads):
         sink = self._sink
         if sink is not None and sink.pending and sink.pid == os.getpid():
             sink.commit()
+        return self._committed()
+
+    def _committed(self) -> Snapshot:
+        """The snapshot of the store's version, committing nothing."""
         if self._snap is None or self._snap.version != self._store.version:
             self._snap = Snapshot(self._store, (self._snap and self._snap.successor_base()) or self._scan_base)
             self._scan_base = None
@@ -929,6 +933,18 @@ class Dataset(CollectionReads):
         """Move to the latest committed version (no-op at a pinned past version)."""
         self._store.refresh()
         return self
+
+    def _unflushed(self) -> tuple[Snapshot, CommitSink | None]:
+        """The latest committed version, committing nothing, and this process's writer (None: none).
+
+        What a stream following this Dataset reads: the snapshot, and the
+        writer whose finished, uncommitted episodes it samples too
+        (``sampling.stream``), so a commit per finished episode stays off
+        the sampling path.
+        """
+        self._store.refresh()
+        sink = self._sink
+        return self._committed(), sink if sink is not None and sink.pid == os.getpid() else None
 
     def history(self) -> list[dict[str, Any]]:
         """The table's commits, newest first (this object's finished episodes are committed first)."""

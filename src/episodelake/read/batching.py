@@ -31,6 +31,7 @@ object-store arrays through :class:`~episodelake.storage.planned.PlainArray`.
 
 from __future__ import annotations
 
+import copy
 import math
 import mmap
 import os
@@ -42,8 +43,9 @@ import numpy as np
 
 from ..core import lifecycle
 from ..core.codecs import codec_pool
-from ..core.episode import extra_rows, rows_for
+from ..core.episode import EpisodeBatch, extra_rows, rows_for
 from ..core.errors import CorruptionError
+from ..core.growable import append_rows
 from ..core.schema import FieldSpec
 from ..core.segments import Segment, meta_fill
 from ..storage.arrays import COMMIT_SHIFT, ROW_MASK, array_parts, mappable_layout
@@ -326,6 +328,40 @@ class WindowReader:
         self._base = {extra_rows(f): snap.offsets(f)[:-1] for f in self.schema.step_fields}
         self._tensor = {f.key: TensorField(snap, f) for f in self.schema.tensor_fields}
         self._init_process()
+
+    def followed_by(self, batch: EpisodeBatch, ids: np.ndarray) -> WindowReader:
+        """A reader of this one's episodes and then ``batch``'s, not yet committed (table step fields only).
+
+        Position ``len(self.lengths) + i`` reads episode ``i`` of ``batch``,
+        whose id is ``ids[i]``, as a committed one would read. This reader
+        is left as it is; the new one's arrays grow in place when it is
+        extended again (:func:`~episodelake.core.growable.append_rows`), so
+        a stream following a writer pays for each new episode's rows once.
+        """
+        if self._tensor:
+            raise ValueError("followed_by: tensor fields are read from their arrays, which hold committed rows only")
+        out = copy.copy(self)
+        out.lengths = append_rows(self.lengths, batch.lengths)
+        out.episode_ids = append_rows(self.episode_ids, ids)
+        out.terminated = append_rows(self.terminated, batch.terminated)
+        out.truncated = append_rows(self.truncated, batch.truncated)
+        out.meta, out.meta_valid = dict(self.meta), dict(self.meta_valid)
+        for f in self.schema.meta_fields:
+            values, valid = batch.meta[f.name]
+            if f.np_dtype.kind == "U":  # str/None objects, as typed_meta keeps them
+                values = values.astype(object)
+                values[~valid] = None
+            else:
+                values = np.where(valid.reshape(-1, *(1,) * len(f.shape)), values, meta_fill(f.np_dtype))
+            out.meta[f.name] = append_rows(self.meta[f.name], values.astype(self.meta[f.name].dtype))
+            out.meta_valid[f.name] = append_rows(self.meta_valid[f.name], valid)
+        out._table = {key: append_rows(values, batch.data[key]) for key, values in self._table.items()}
+        out._base = {}
+        for extra, starts in self._base.items():
+            total = int(starts[-1] + self.lengths[-1] + extra) if len(starts) else 0
+            rows = batch.lengths + extra
+            out._base[extra] = append_rows(starts, total + np.cumsum(rows) - rows)
+        return out
 
     def _init_process(self) -> None:
         self._pid = os.getpid()

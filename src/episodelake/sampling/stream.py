@@ -10,8 +10,8 @@ through ``state_dict()``.
 
 * :class:`~episodelake.planner._Planner` decides which global segment ids
   each batch holds and the state to resume from after it.
-* :class:`~episodelake.prefetch._Prefetcher` builds batches ahead on a
-  background thread.
+* :class:`~episodelake.prefetch._Prefetcher` builds batches ahead on
+  background threads, as many at once as the object store's latency needs.
 * :class:`_BatchBuilder` reads and assembles a batch of segment ids.
 """
 
@@ -32,6 +32,8 @@ from ..read.batching import WindowReader, reader_for
 from ..read.collection import EpisodeCollection, selection
 from ..read.selection import episode_weights, select
 from ..storage.location import public_url
+from ..storage.retention import evict_count
+from ..write.gate import gated
 from .anchors import AnchorIndex, anchor_index
 from .batch import SegmentBatch
 from .options import (
@@ -130,7 +132,16 @@ class SegmentStream:
             (the shard's ``policy``: ``"wrap"`` or ``"drop"``); with
             replacement or a sampler each rank samples its own disjoint share
             of the index.
-        prefetch: batches built ahead by a background thread (0: none).
+        prefetch: batches kept built ahead by background threads, several
+            built at once (0: none, each batch is built by the call that
+            returns it). While the consumer waits on batches whose builds
+            wait on object-store requests, more are kept in flight: the
+            measured latency times the build rate, up to 32 batches and
+            1 GiB of them (:func:`~episodelake.prefetch.in_flight`); local
+            reads keep ``prefetch``. Batches and resume states are those of
+            ``prefetch=0`` whatever the number. Without tensor fields (every
+            step field in the table) batches are gathered from memory and
+            always built inline.
         drop_last: in finite passes, drop a last batch smaller than ``batch_size``.
         follow: before each batch, take in the episodes committed since
             (:meth:`refresh`: one check of the table's log when nothing
@@ -201,6 +212,7 @@ class SegmentStream:
             self.index = anchor_index(collection, snap, positions, anchors, win, rank_world)
         self.sequence_length, self.context_length = L, C
         self._build = _BatchBuilder(self.index, reader_for(snap), L, C, check_transforms(snap.schema, transform))
+        self._source.reader = self._build.reader
         per_episode = None
         if weights is not None:
             per_episode = episode_weights(collection, snap, positions, weights)
@@ -258,6 +270,9 @@ class SegmentStream:
         )
         self._state = self._planner.state()
         self.prefetch = prefetch
+        # every step field lives in the table: a batch is a NumPy gather from memory that a thread cannot
+        # overlap under the GIL (a prefetch thread made the online loop slower), so it is built inline
+        self._in_memory = not snap.schema.tensor_fields
         self._prefetcher: _Prefetcher | None = None
         self._done = False
         if follow and self._planner.finite:
@@ -323,7 +338,7 @@ class SegmentStream:
         if self.follow:
             self.refresh()
         item: Any
-        if self.prefetch == 0 or self.prioritized:
+        if self.prefetch == 0 or self.prioritized or self._in_memory:
             ids = self._planner.next_ids()
             item = _END if ids is None else (self._build(ids), self._planner.state())
             if self.prioritized and ids is not None:
@@ -390,6 +405,9 @@ class SegmentStream:
             raise ArgumentError("refresh applies to streams with replacement (not finite passes)")
         if not callable(getattr(source.collection, "refresh", None)):
             raise ArgumentError("refresh: this stream reads a pinned view; build it on a Dataset to follow commits")
+        followed = self._writer_followed()
+        if followed is not None:
+            return self._take_pending(*followed)
         snap = source.collection.refresh().snapshot()
         if snap.version == source.snap.version:
             return False
@@ -398,19 +416,9 @@ class SegmentStream:
         snap, positions = select(source.collection, source.where, source.filter)
         if isinstance(index, AnchorIndex):  # the new episodes' anchors are found in the new version
             index.snap = snap
-        ids = np.asarray(snap.index["episode_id"][positions], dtype=np.int64)
-        lengths = snap.lengths[positions]
-        appended = len(ids) >= old and np.array_equal(ids[:old], source.ids)
-        if appended:
-            index.extend(positions, lengths[old:])
-            source.digest.add(ids[old:], lengths[old:])
-        else:
-            index.reset(positions, lengths)
-            source.digest = EpisodeDigest().add(ids, lengths)
-        source.snap, source.positions, source.ids = snap, positions, ids
-        self._build.reader = reader_for(snap)
+        self._take(snap, reader_for(snap), positions, snap.lengths[positions], old)
+        index = self.index
         params = self._planner.params
-        params["segments"], params["episodes"] = index.total, source.digest.hexdigest()
         params["anchors"] = _anchor_params(index)
         if self.prioritized:
             bind(cast(PrioritizedSampler, self._planner.sampler), source.collection, snap, positions, index, None)
@@ -421,6 +429,82 @@ class SegmentStream:
         self._state = self._planner.state()
         return True
 
+    def _writer_followed(self) -> tuple[Any, Any] | None:
+        """``(snapshot, writer)`` when :meth:`refresh` samples the Dataset's uncommitted episodes without a commit.
+
+        That is a plain uniform stream (no ``where``, ``filter``, weights,
+        anchors or priorities) over a Dataset whose step fields all live in
+        the table, with no derived columns and no quality gate (whose
+        quarantine a commit decides); None otherwise: refresh commits them
+        first (read-your-writes) and reads the new version.
+        """
+        source = self._source
+        unflushed = getattr(source.collection, "_unflushed", None)
+        schema = source.snap.schema
+        if (
+            unflushed is None
+            or source.where is not None
+            or source.filter is not None
+            or source.weights is not None
+            or type(self._planner.sampler) is not UniformSampler
+            or isinstance(self.index, AnchorIndex)
+            or schema.tensor_fields
+            or source.snap.derived.fields
+        ):
+            return None
+        snap, sink = unflushed()
+        if sink is None:
+            return snap, None
+        key = (snap.version, sink.schema)  # a gate changes with a commit (stored checks) or a schema
+        if source.gate[0] != key:
+            source.gate = (key, gated(sink.store) or sink.schema is not snap.schema)
+        return None if source.gate[1] else (snap, sink)
+
+    def _take_pending(self, snap: Any, sink: Any) -> bool:
+        """Move to ``snap`` followed by ``sink``'s finished, uncommitted episodes; True if anything changed.
+
+        Only episodes queued since the last call are read (their rows are
+        appended to the stream's reader). With a capacity, the oldest
+        episodes the pending ones' commit will evict are left out at once,
+        as that commit's FIFO plan leaves them out (:func:`evict_count`).
+        """
+        source = self._source
+        same_base = snap.version == source.snap.version and source.reader is not None
+        held = source.generation if same_base else None
+        now, pending = (None, None) if sink is None else sink.preview(held)
+        now = None if now is None or not now[1] else now  # no pending episodes: the snapshot alone
+        if same_base and now == source.generation:
+            return False
+        self.close()  # prefetched batches were planned on the old index
+        grows = same_base and (held is None or (now is not None and now[0] == held[0]))
+        reader = source.reader if grows and source.reader is not None else reader_for(snap)
+        if pending is not None:
+            reader = reader.followed_by(*pending)
+        positions = np.arange(len(reader.lengths), dtype=np.int64)
+        capacity = None if sink is None else sink.store.capacity
+        if capacity is not None and len(positions) > snap.num_episodes:
+            positions = positions[evict_count(reader.lengths, capacity) :]
+        self._take(snap, reader, positions, reader.lengths[positions], len(self.index.positions))
+        source.reader, source.generation = reader, now
+        self._state = self._planner.state()
+        return True
+
+    def _take(self, snap: Any, reader: WindowReader, positions: np.ndarray, lengths: np.ndarray, old: int) -> None:
+        """Index ``positions`` of ``reader`` (``lengths``): extended when the first ``old`` episodes stay first."""
+        source, index = self._source, self.index
+        ids = np.asarray(reader.episode_ids[positions], dtype=np.int64)
+        if len(ids) >= old and np.array_equal(ids[:old], source.ids):
+            index.extend(positions, lengths[old:])
+            source.digest.add(ids[old:], lengths[old:])
+        else:
+            index.reset(positions, lengths)
+            source.digest = EpisodeDigest().add(ids, lengths)
+        source.snap, source.positions, source.ids = snap, positions, ids
+        source.reader, source.generation = reader, None
+        self._build.reader = reader
+        params = self._planner.params
+        params["segments"], params["episodes"] = index.total, source.digest.hexdigest()
+
     def state_dict(self) -> dict[str, Any]:
         """The resume point after the last returned batch (plain Python values).
 
@@ -429,6 +513,10 @@ class SegmentStream:
         ``"version"`` is the dataset version the stream draws from (a stream
         built at that version resumes it exactly).
         """
+        if self._source.generation is not None and self._source.generation[1]:
+            # a state names a committed version: the uncommitted episodes this stream samples are committed first
+            self._source.collection.snapshot()
+            self.refresh()
         state = copy.deepcopy(self._state)
         state["version"] = self.version
         if self.prioritized:
@@ -547,6 +635,10 @@ class _Source:
         self.snap, self.positions = snap, positions
         self.ids = np.asarray(snap.index["episode_id"][positions], dtype=np.int64)
         self.digest = EpisodeDigest()
+        # what the stream reads of its Dataset's uncommitted episodes (refresh without a commit):
+        self.reader: WindowReader | None = None  # the snapshot's reader, followed by them once read
+        self.generation: tuple[int, int] | None = None  # the writer's (generation, pending count) read into it
+        self.gate: tuple[Any, bool] = (None, False)  # (version, schema) -> whether that writer's episodes are gated
 
 
 class _BatchBuilder:

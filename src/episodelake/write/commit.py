@@ -186,6 +186,7 @@ class CommitSink:
         self.pending_count = 0  # episodes in ``pending``
         self.pending_bytes = 0
         self.first_pending_at: float | None = None
+        self.generation = 0  # moves whenever the pending episodes are committed or dropped (see preview)
         self.arrays: dict[str, TensorArray | FrameArray] = {}
         self.awaiting: list[HeldEpisode] = []  # finished, held by their writer until required meta arrive
         self.pid = os.getpid()
@@ -292,6 +293,7 @@ class CommitSink:
         self.pending_count = 0
         self.pending_bytes = 0
         self.first_pending_at = None
+        self.generation += 1
         self._update_live()
 
     @_locked
@@ -332,11 +334,46 @@ class CommitSink:
         with _defer_sigint():
             return self._commit(concat_batches(self.schema, [*queued, batch]))
 
+    @_locked
+    def preview(self, held: tuple[int, int] | None) -> tuple[tuple[int, int], tuple[EpisodeBatch, np.ndarray] | None]:
+        """What a reader of the pending episodes lacks, taken at one instant.
+
+        ``held``: the ``(generation, count)`` this returned before (None:
+        nothing read). Returns ``(generation, count)`` now and the pending
+        episodes after the first ``held[1]`` (all of them when ``held`` is
+        of another generation) as one batch with the ids their commit gives
+        them (None: none). Exact while :attr:`generation` stays the same: a
+        commit takes every pending episode and numbers them in the order
+        they were queued.
+        """
+        now = (self.generation, self.pending_count)
+        if held == now:  # the common case of a stream polling between episodes: nothing new
+            return now, None
+        skip = held[1] if held is not None and held[0] == self.generation else 0
+        items: list[FinishedEpisode | EpisodeBatch] = []
+        seen = 0
+        for item in self.pending:
+            n = 1 if isinstance(item, FinishedEpisode) else len(item)
+            if seen + n > skip:
+                if seen < skip:
+                    assert isinstance(item, EpisodeBatch)  # one FinishedEpisode is never cut
+                    item = item.take(self.schema.step_fields, skip - seen, n)
+                items.append(item)
+            seen += n
+        if not items:
+            return now, None
+        batch = self._as_batch(items)
+        first = self.seq + skip
+        return now, (batch, (self.number << 32) | np.arange(first, first + len(batch), dtype=np.int64))
+
     def _pending_batch(self) -> EpisodeBatch:
         """The pending episodes as one batch, in the order they were queued."""
+        return self._as_batch(self.pending)
+
+    def _as_batch(self, items: Sequence[FinishedEpisode | EpisodeBatch]) -> EpisodeBatch:
         parts: list[EpisodeBatch] = []
         run: list[FinishedEpisode] = []
-        for item in self.pending:
+        for item in items:
             if isinstance(item, FinishedEpisode):
                 run.append(item)
                 continue
