@@ -287,7 +287,7 @@ def online_single(steps: int, obs: np.ndarray, act: np.ndarray) -> float:
 def online_lake(root: Path, steps: int, obs: np.ndarray, act: np.ndarray) -> float:
     """The two-handle form: the writer's ``Dataset`` on disk, the learner's stream on a second handle."""
     path = str(root / "online")
-    ds = el.Dataset.create(SCHEMA, path, capacity=CAPACITY)
+    ds = el.Dataset.create(SCHEMA, path, capacity=CAPACITY, overwrite=True)
     prefill(ds)
     learner = el.Dataset.open(path)
     stream = learner.segment_stream(el.Window(1), batch_size=B, seed=0, follow=True, prefetch=0)

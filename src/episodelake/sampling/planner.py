@@ -112,6 +112,8 @@ class _Planner:
             local, slots, weights = cast(PrioritizedSampler, self.sampler).draw(B)
             self.drawn = (slots, weights)
             return index.to_global(local)
+        if type(self.sampler) is UniformSampler:  # in range by construction: no need to check its ids
+            return index.rank + index.world * self.sampler.sample(index, B)
         if self.sampler is not None:
             local = np.asarray(self.sampler.sample(index, B))
             return None if local.size == 0 else index.to_global(local)

@@ -440,17 +440,11 @@ class SegmentStream:
         """
         source = self._source
         unflushed = getattr(source.collection, "_unflushed", None)
-        schema = source.snap.schema
-        if (
-            unflushed is None
-            or source.where is not None
-            or source.filter is not None
-            or source.weights is not None
-            or type(self._planner.sampler) is not UniformSampler
-            or isinstance(self.index, AnchorIndex)
-            or schema.tensor_fields
-            or source.snap.derived.fields
-        ):
+        if unflushed is None or not self._in_memory or source.snap.derived.fields:
+            return None
+        if source.where is not None or source.filter is not None or source.weights is not None:
+            return None
+        if type(self._planner.sampler) is not UniformSampler or isinstance(self.index, AnchorIndex):
             return None
         snap, sink = unflushed()
         if sink is None:
