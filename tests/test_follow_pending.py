@@ -51,6 +51,7 @@ class Recorder:
         obs = (np.arange((T + 1) * 3, dtype=np.float32).reshape(T + 1, 3) + 1000 * k).astype(np.float32)
         act = np.arange(T, dtype=np.int64) + 100_000 * k
         rew = np.full(T, k, np.float32)
+        self.episodes.append({"obs": obs, "act": act, "rew": rew})  # before it can be sampled (threads)
         w = self.ds.new_episode(obs[0], tag=k, task=task_of(k))
         for t in range(T):
             w.add_step(
@@ -58,7 +59,6 @@ class Recorder:
             )
             if sample is not None and t % every == 0:
                 sample()
-        self.episodes.append({"obs": obs, "act": act, "rew": rew})
 
     def live(self, capacity: int | None) -> set[int]:
         """The tags a FIFO buffer of ``capacity`` steps keeps: the newest episodes that fit, counted here."""
@@ -243,3 +243,27 @@ def test_a_second_handle_sees_only_committed_episodes(tmp_path, commit_episodes)
     batch = learner.sample()
     expected = {0, 1} if commit_episodes == 1 else {0}  # another handle never reads this one's memory
     assert set(batch.meta["tag"].tolist()) <= expected and learner.index.total == segments(rec, expected)
+
+
+def test_a_writer_thread_and_a_sampling_thread_share_one_dataset():
+    """An actor thread records while the learner samples: every batch is rows as written, no episode twice."""
+    import threading
+
+    ds = el.Dataset.create(schema(), capacity=200, commit_episodes=7)
+    rec = Recorder(ds)
+    for _ in range(20):
+        rec.episode(10)
+    ds.flush()
+    stream = ds.segment_stream(el.Window(L), batch_size=64, seed=2, follow=True)
+    actor = threading.Thread(target=lambda: [rec.episode(3 + k % 9) for k in range(60)])
+    actor.start()
+    while actor.is_alive():
+        batch = stream.sample()
+        rec.check(batch, set(range(len(rec.episodes))))  # any finished episode; rows exactly as written
+        ids = stream._source.ids
+        assert len(np.unique(ids)) == len(ids)  # an episode is never indexed twice
+    actor.join()
+    ds.flush()
+    stream.sample()
+    assert stream.index.total == segments(rec, rec.live(200))
+    assert sorted(t for (t,) in ds.sql("SELECT tag FROM episodes").fetchall()) == sorted(rec.live(200))
