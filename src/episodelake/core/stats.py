@@ -15,6 +15,7 @@ from __future__ import annotations
 import mmap
 import threading
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -110,46 +111,37 @@ def stat_fields(schema: DatasetSchema, fields: Iterable[str] | None) -> list[Fie
 class StatsTable:
     """Per-episode statistics of fields, one row per table-scan row, filled piece by piece.
 
-    Each field's ``count`` is one array ``[rows]`` and its parts ``sum, sumsq,
-    min, max`` one array ``[part, rows, channel]`` (a table file's rows of a
-    part are one contiguous copy), so a subset's statistics are one gather of
-    its rows and one reduction per part (:meth:`aggregate`):
-    no SQL, no pass over steps or tensors. Rows not yet filled must not be
-    aggregated (the caller fills every row it asks for, and a table file's
-    rows all at once).
+    Each :meth:`fill` keeps its piece as read: a field's ``count`` per row
+    and each part ``sum, sumsq, min, max`` as one ``[values, channel]`` array
+    over the Arrow buffers the table file was decoded into (no copy), so a
+    subset's statistics are one gather of its rows from each piece and one
+    reduction per part (:meth:`aggregate`): no SQL, no pass over steps or
+    tensors. Rows not yet filled must not be aggregated (the caller fills
+    every row it asks for, and a table file's rows all at once).
 
-    ``file`` is each row's table file (``files`` of them). The rows of a file
-    never change within a table (a snapshot's scan), so each file's totals are
-    reduced once, the first time a subset holds all of its rows, and a subset
-    holding whole files merges their totals instead of their episodes (the
-    whole table: one merge of a row per file).
+    ``file`` is each row's table file (``files`` of them); its length is the
+    number of rows. The rows of a piece never change within a table (a
+    snapshot's scan), so each piece's totals are reduced once, the first time
+    a subset holds all of its rows, and a subset holding whole pieces merges
+    their totals instead of their episodes (the whole table: one merge of a
+    row per piece).
     """
 
     def __init__(self, file: np.ndarray, files: int) -> None:
         self.rows = len(file)
-        self._file = file
-        self._file_rows = np.bincount(file, minlength=files)
-        self._count: dict[str, np.ndarray] = {}
-        self._parts: dict[str, np.ndarray] = {}  # parts in STAT_PARTS[1:] order
-        self._totals: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}  # key -> (done, count, parts)
+        self._pieces: dict[str, list[_Piece]] = {}
+        self._owner: dict[str, np.ndarray] = {}  # key -> each row's piece
+        self._local: dict[str, np.ndarray] = {}  # key -> each row's index in its piece
         self._lock = threading.Lock()
 
-    def _arrays(self, f: FieldSpec) -> tuple[np.ndarray, np.ndarray]:
-        with self._lock:
-            if f.key not in self._count:  # untouched pages of the allocations cost no memory
-                self._count[f.key] = _lazy_zeros((self.rows,), np.int64)
-                self._parts[f.key] = _lazy_zeros((len(STAT_PARTS) - 1, self.rows, f.stat_channels), np.float64)
-            return self._count[f.key], self._parts[f.key]
-
     def fill(self, f: FieldSpec, rows: np.ndarray, tbl: pa.Table) -> None:
-        """Store the statistics columns of ``f`` in ``tbl`` (lists over channels, as 0.1.0 wrote) at ``rows``.
+        """Keep the statistics columns of ``f`` in ``tbl`` (lists over channels, as 0.1.0 wrote) for ``rows``.
 
         ``rows`` are increasing scan rows, one per row of ``tbl``. A part that
         does not hold one value per channel for every episode with values
         raises :class:`CorruptionError`.
         """
         channels = f.stat_channels
-        counts, parts = self._arrays(f)
         count = _array(tbl.column(stat_column(f, "count"))).fill_null(0).to_numpy()
         valid = count > 0
         cols = [_array(tbl.column(stat_column(f, p))) for p in STAT_PARTS[1:]]
@@ -161,58 +153,95 @@ class StatsTable:
                     f"field {f.key!r}: statistics {part!r} do not hold {channels} values for each of the "
                     f"{int(valid.sum())} episodes with values"
                 )
-        # the rows of one table file are one run of scan rows: a slice copies, a gather scatters
-        run = listed.all() and len(rows) > 0 and rows[-1] - rows[0] == len(rows) - 1
-        target = slice(int(rows[0]), int(rows[-1]) + 1) if run else rows[listed]
-        for i, col in enumerate(cols):
-            parts[i, target] = pc.list_flatten(col).to_numpy(zero_copy_only=False).reshape(-1, channels)
-        counts[rows] = count
+        values = [
+            np.asarray(pc.list_flatten(col).to_numpy(zero_copy_only=False), np.float64).reshape(-1, channels)
+            for col in cols
+        ]
+        slot = None if listed.all() else np.cumsum(listed) - 1  # a listed row's index in the values
+        with self._lock:
+            if f.key not in self._pieces:  # untouched pages of the allocations cost no memory
+                self._pieces[f.key] = []
+                self._owner[f.key] = _lazy_zeros((self.rows,), np.int32)
+                self._local[f.key] = _lazy_zeros((self.rows,), np.int32)
+            pieces = self._pieces[f.key]
+            self._owner[f.key][rows] = len(pieces)
+            self._local[f.key][rows] = np.arange(len(rows), dtype=np.int32)
+            pieces.append(_Piece(count, values, slot))
 
     def aggregate(self, f: FieldSpec, rows: np.ndarray) -> dict[str, Any]:
         """Count, sum, mean, population std, min and max of ``f`` over distinct ``rows`` (per channel if it has one)."""
-        counts, parts = self._arrays(f)
-        if len(rows) == self.rows:  # every row: no per-row pass
-            whole = self._file_rows > 0
-        else:
-            per_file = np.bincount(self._file[rows], minlength=len(self._file_rows))
-            whole = (per_file == self._file_rows) & (per_file > 0)
-        n = 0
-        merged: list[np.ndarray] = []
-        if whole.any():
-            file_count, file_parts = self._file_totals(f, whole)
-            n, merged = int(file_count[whole].sum()), [file_parts[:, whole]]
-            rows = rows[:0] if whole.all() else rows[~whole[self._file[rows]]]
-        count = counts[rows]
-        held = rows[count > 0]
-        if len(held) or not merged:
-            merged.append(parts if len(held) == self.rows else np.take(parts, held, axis=1))
-        block = merged[0] if len(merged) == 1 else np.concatenate(merged, axis=1)
-        return _field_moments(f, moments(n + int(count.sum()), *block))
-
-    def _file_totals(self, f: FieldSpec, files: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Per-file count ``[files]`` and parts ``[part, files, channel]`` of ``f``, reduced for the ``files`` (a mask)
-        not reduced yet; a file without values holds sums 0, min +inf and max -inf (neutral in a merge)."""
-        counts, parts = self._arrays(f)
         with self._lock:
-            if f.key not in self._totals:
-                n_files, channels = len(self._file_rows), f.stat_channels
-                lo_hi = np.full((2, n_files, channels), np.inf) * np.array([1.0, -1.0])[:, None, None]
-                total = np.concatenate([np.zeros((2, n_files, channels)), lo_hi])
-                self._totals[f.key] = (np.zeros(n_files, dtype=bool), np.zeros(n_files, dtype=np.int64), total)
-            done, file_count, file_parts = self._totals[f.key]
-            todo = files & ~done
-            if todo.any():
-                rows = np.flatnonzero(todo[self._file])
-                rows = rows[np.argsort(self._file[rows], kind="stable")]
-                np.add.at(file_count, self._file[rows], counts[rows])
-                held = rows[counts[rows] > 0]
-                owner, starts = np.unique(self._file[held], return_index=True)
-                if len(held):
-                    block = np.take(parts, held, axis=1)
-                    for i, ufunc in enumerate((np.add, np.add, np.minimum, np.maximum)):
-                        file_parts[i, owner] = ufunc.reduceat(block[i], starts, axis=0)
-                done |= todo
-            return file_count, file_parts
+            pieces = list(self._pieces.get(f.key, ()))
+            owner, local = self._owner.get(f.key), self._local.get(f.key)
+        sizes = np.array([len(p.count) for p in pieces], dtype=np.int64)
+        if len(rows) == self.rows or owner is None or local is None:  # every row: no per-row pass
+            taken = sizes if len(rows) else np.zeros_like(sizes)
+            mine = rows[:0]
+        else:
+            mine = owner[rows]
+            taken = np.bincount(mine, minlength=len(pieces))
+        whole = (taken == sizes) & (sizes > 0)
+        n = 0
+        merged = []  # per piece: its parts over the rows asked for, reduced ([part, channel])
+        for i in np.flatnonzero(whole):
+            count, parts = pieces[i].totals()
+            n += count
+            merged.append(parts)
+        if not whole.all() and local is not None:
+            partial = ~whole[mine]
+            if not partial.all():
+                rows, mine = rows[partial], mine[partial]
+            # the rows of a piece are mostly one run of the (sorted) rows: sort only when they are not
+            by_piece = np.arange(len(mine)) if (np.diff(mine) >= 0).all() else np.argsort(mine, kind="stable")
+            starts = np.flatnonzero(np.diff(mine[by_piece], prepend=-1))
+            for group in np.split(by_piece, starts[1:]):
+                if len(group):
+                    piece = pieces[int(mine[group[0]])]
+                    at = local[rows[group]]
+                    count = piece.count[at]
+                    held = at[count > 0]
+                    if len(held):
+                        n += int(count.sum())
+                        merged.append(piece.reduced(held))
+        if not merged:
+            return _field_moments(f, moments(0, *np.zeros((len(STAT_PARTS) - 1, 0, f.stat_channels))))
+        return _field_moments(f, moments(n, *np.stack(merged, axis=1)))
+
+
+@dataclass
+class _Piece:
+    """One :meth:`StatsTable.fill`: each row's count, and each part's values of the rows that list them."""
+
+    count: np.ndarray  # int64 [rows]
+    values: list[np.ndarray]  # per part (STAT_PARTS[1:] order): [listed rows, channel]
+    slot: np.ndarray | None  # each row's index in the values (None: every row lists them, in order)
+    _totals: tuple[int, np.ndarray] | None = None
+
+    def reduced(self, at: np.ndarray | None) -> np.ndarray:
+        """Parts ``[part, channel]`` merged over the piece's rows ``at`` (rows with values; None: every row)."""
+        if at is not None and self.slot is not None:
+            at = self.slot[at]
+        parts = self.values if at is None else [np.take(v, at, axis=0) for v in self.values]
+        return np.stack([ufunc.reduce(v, axis=0) for ufunc, v in zip(_MERGES, parts, strict=True)])
+
+    def totals(self) -> tuple[int, np.ndarray]:
+        """The piece's count and parts ``[part, channel]`` over all its rows, reduced once; a piece without
+        values holds sums 0, min +inf and max -inf (neutral in a merge)."""
+        if self._totals is None:
+            held = np.flatnonzero(self.count > 0)
+            if len(held):
+                every = len(held) == len(self.count) and self.slot is None
+                parts = self.reduced(None if every else held)
+            else:
+                channels = self.values[0].shape[1]
+                parts = np.stack(
+                    [np.zeros(channels), np.zeros(channels), np.full(channels, np.inf), np.full(channels, -np.inf)]
+                )
+            self._totals = int(self.count[held].sum()), parts
+        return self._totals
+
+
+_MERGES = (np.add, np.add, np.minimum, np.maximum)  # how each of STAT_PARTS[1:] merges
 
 
 def values_moments(f: FieldSpec, values: np.ndarray) -> dict[str, Any]:

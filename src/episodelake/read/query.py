@@ -38,7 +38,12 @@ is also limited to one ``SELECT`` statement. A refusal is a QueryError.
 
 ``where()`` runs first over the snapshot's index columns, already in memory
 from its one index scan (:meth:`Snapshot.scan`); a predicate that needs other
-columns (per-step lists, statistics) runs over ``episodes`` instead.
+columns (per-step lists, statistics) runs over ``episodes`` instead. A
+dataset's first ``where()`` before that scan runs over ``episodes`` too
+(partitions pruned, only the columns it names read) and places its rows by
+their order keys (:meth:`Snapshot.order_keys`: two columns), so it does not
+wait for the scan of every index column; the next read that needs the index
+makes the scan.
 
 Statistics come from the per-episode mergeable statistics
 (``stats/<key>/{count,sum,sumsq,min,max}``) written at commit time, read
@@ -100,6 +105,7 @@ class _SnapshotSQL:
         self._episode_values: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._stats_files: dict[str, np.ndarray] = {}  # field key -> which table files are in _stats
         self._files_checked = False
+        self.where_unscanned = False  # whether a where() ran before the index scan (a later one makes it)
 
     def check_files(self, again: bool = False) -> None:
         """Every table file exists with the size its log entry records, else CorruptionError naming it.
@@ -344,7 +350,7 @@ def _cursor(
 def _view_ids(collection: EpisodeCollection, snap: Snapshot) -> np.ndarray | None:
     """The episode ids the views of ``snap`` keep for ``collection`` (None: every episode)."""
     chosen = subset(collection, snap)
-    return None if chosen is None else snap.index["episode_id"][chosen]
+    return None if chosen is None else snap.order_keys()[1][chosen]  # the ids, without the index scan
 
 
 class Views(Protocol):
@@ -669,16 +675,21 @@ def where(collection: EpisodeCollection, predicate: str, params: Any = None) -> 
     ``params`` binds its ``?`` or ``$name`` placeholders (a sequence or a
     mapping), by DuckDB. It runs sandboxed (it reads nothing but the
     dataset), over the in-memory index columns when it uses only those, else
-    over ``episodes``.
+    over ``episodes``; a whole dataset's first where() before the snapshot's
+    index scan runs over ``episodes`` without making it (:func:`_where_unscanned`).
     """
     what, condition = where_condition(predicate, params)
 
     def body(snap: Snapshot) -> tuple[Snapshot, np.ndarray]:
         state = _state(snap)
         state.check_files()
-        cur = state.sandbox.cursor()
-        cur.register("episode_index", state.index_table(subset(collection, snap)))
+        chosen = subset(collection, snap)  # a Dataset's (None) needs no index scan
         try:
+            if chosen is None and not (snap.scan_ready() or state.where_unscanned or snap.derived.fields):
+                state.where_unscanned = True  # once: a dataset queried again is worth its index in memory
+                return snap, _where_unscanned(snap, condition, params)
+            cur = state.sandbox.cursor()
+            cur.register("episode_index", state.index_table(chosen))
             try:
                 found = cur.sql(f"SELECT {quote(POSITION)} FROM episode_index" + condition, params=params)
                 return snap, np.sort(found.to_arrow_table().column(0).to_numpy())
@@ -690,6 +701,23 @@ def where(collection: EpisodeCollection, predicate: str, params: Any = None) -> 
             raise state.failure(exc, what) from exc
 
     return answer(collection, body)
+
+
+def _where_unscanned(snap: Snapshot, condition: str, params: Any) -> np.ndarray:
+    """The positions (sorted) of every episode of ``snap`` that ``condition`` holds for, before its index scan.
+
+    The predicate runs over ``episodes`` (the table files: partitions pruned,
+    only the columns it names read) and its rows are placed by their order
+    keys (:meth:`Snapshot.order_keys`, two columns): the first ``where()`` of
+    a dataset does not wait for the scan of every index column.
+    """
+    query = "SELECT created_at, episode_id FROM episodes" + condition
+    tbl = _cursor(snap, None, True, used=query).sql(query, params=params).to_arrow_table()
+    created = tbl.column("created_at").combine_chunks().cast(pa.int64()).to_numpy()
+    try:
+        return np.sort(snap.positions_of_keys(created, tbl.column("episode_id").to_numpy()))
+    except KeyError as exc:
+        raise QueryError(exc.args[0]) from None
 
 
 def select_episodes(collection: EpisodeCollection, query: str, params: Any = None) -> tuple[Snapshot, np.ndarray]:

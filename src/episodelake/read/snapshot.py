@@ -222,6 +222,7 @@ class Snapshot:
         self._verified: set[tuple[str, int]] = set()
         self._scan: IndexScan | None = None
         self._scan_lock = threading.Lock()
+        self._keys: tuple[np.ndarray, np.ndarray] | None = None  # order_keys() read before the index scan
         grows = base is not None and base.url == self.loc.url and base.version < self.version and not quarantined
         self._base = base.scan if grows and base is not None else None
         self._base_columns = dict(base.columns) if grows and base is not None else {}
@@ -341,6 +342,47 @@ class Snapshot:
                     self._scan = grown
             return self._scan
 
+    def scan_ready(self) -> bool:
+        """Whether the index scan is made, or cheap to make (it grows from an older snapshot's)."""
+        return self._scan is not None or self._base is not None
+
+    def order_keys(self) -> tuple[np.ndarray, np.ndarray]:
+        """Each position's episode-order key: ``(created_at`` in microseconds, ``episode_id)``, both int64, increasing.
+
+        From the index scan when it is made; else from a read of those two
+        columns only, so a first query that needs no other index column does
+        not wait for the whole scan. Kept: the same keys either way.
+        """
+        with self._scan_lock:
+            if self._keys is None:
+                scan = self._scan
+                if scan is not None:
+                    self._keys = _order_keys(scan.table, scan.order)
+                else:
+                    self._keys = _order_keys(self._read_table(["created_at", "episode_id"]))
+            return self._keys
+
+    def positions_of_keys(self, created: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        """Snapshot positions of the episodes with order keys ``(created, ids)`` (:meth:`order_keys`); unknown
+        ones raise KeyError. A binary search by ``created_at``; ids break its ties (a bulk commit's episodes
+        share one)."""
+        keys_created, keys_ids = self.order_keys()
+        if not len(keys_ids):
+            if len(ids):
+                raise KeyError(f"episode ids not in snapshot version {self.version}: {ids[:10].tolist()}")
+            return np.zeros(0, np.int64)
+        at = np.searchsorted(keys_created, created).clip(max=len(keys_ids) - 1)
+        miss = keys_ids[at] != ids
+        if miss.any():
+            by_id = np.argsort(keys_ids, kind="stable")
+            where = by_id[np.searchsorted(keys_ids, ids[miss], sorter=by_id).clip(max=len(by_id) - 1)]
+            found = keys_ids[where] == ids[miss]
+            if not found.all():
+                missing = ids[miss][~found][:10].tolist()
+                raise KeyError(f"episode ids not in snapshot version {self.version}: {missing}")
+            at[miss] = where
+        return at
+
     def _scan_files(
         self, fragments: list[pads.Fragment], files: np.ndarray | None = None
     ) -> tuple[pa.Table, np.ndarray]:
@@ -455,7 +497,8 @@ class Snapshot:
 
     @cached_property
     def num_episodes(self) -> int:
-        return len(self.index["episode_id"])
+        keys = self._keys  # read by a where() before the index scan: counting does not make the scan
+        return len(keys[1]) if keys is not None else len(self.index["episode_id"])
 
     @cached_property
     def lengths(self) -> np.ndarray:
@@ -737,7 +780,20 @@ def _quarantine_filter(schema: pa.Schema, quarantined: bool) -> pc.Expression | 
     return flag if quarantined else pc.invert(flag)
 
 
+def _keys(table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+    """``(created_at`` in microseconds, ``episode_id)`` of each of ``table``'s rows, as int64."""
+    created = table.column("created_at").combine_chunks().cast(pa.int64()).to_numpy()
+    return created, table.column("episode_id").combine_chunks().to_numpy()
+
+
+def _order_keys(table: pa.Table, order: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The episode-order keys of ``table``'s rows taken in ``order`` (None: episode order, sorted here)."""
+    created, ids = _keys(table)
+    order = np.lexsort((ids, created)) if order is None else order
+    return created[order], ids[order]
+
+
 def _episode_order(table: pa.Table) -> np.ndarray:
     """The permutation putting ``table``'s rows in episode order ``(created_at, episode_id)``."""
-    created = table.column("created_at").combine_chunks().cast(pa.int64()).to_numpy()
-    return np.lexsort((table.column("episode_id").to_numpy(), created))
+    created, ids = _keys(table)
+    return np.lexsort((ids, created))

@@ -34,7 +34,9 @@ first bad episode exactly as :func:`checks.episode_from_dict` words it.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, TypeGuard
+from itertools import repeat
+from operator import itemgetter
+from typing import Any, TypeGuard, cast
 
 import numpy as np
 
@@ -50,6 +52,7 @@ BULK_EPISODES = 100_000
 GROUP_EPISODES = 4096  # dict episodes validated per vectorized pass
 CHECK_GROUP_BYTES = 256 << 20  # a dry run commits nothing: this bounds the dict bytes one pass holds instead
 _PLAIN_KEYS = frozenset({"terminated", "truncated", "meta", *EPISODE_KEYS})
+_FLAG_TYPES = frozenset({bool, np.bool_})  # what a plain episode's terminated/truncated may be
 
 
 def append(sink: CommitSink, episodes: Iterable[Mapping[str, Any]] | Mapping[str, Any], lengths: Any = None) -> int:
@@ -227,49 +230,34 @@ def _as_columns(schema: DatasetSchema, group: list[Mapping[str, Any]]) -> tuple[
 
     Plain: a mapping with only the keys of the columnar form (no ``initial_observation``), scalar flags,
     every role given with exactly the schema's fields, known meta fields. Anything else takes the
-    episode-by-episode path, whose errors are the reference. (The per-episode loop is the hot path of
-    dict imports: it only collects.)
+    episode-by-episode path, whose errors are the reference. (This is the hot path of dict imports:
+    each key is read for the whole group with ``map`` over C functions, no Python call per episode.)
     """
     roles = [(key, [f.name for f in schema.role_fields(role)]) for key, role in EPISODE_KEYS.items()]
     roles = [(key, names) for key, names in roles if names]
-    collected: dict[str, list[list[Any]]] = {key: [[] for _ in names] for key, names in roles}
-    plan = [(key, names, collected[key], len(names) == 1) for key, names in roles]
-    meta_names = [f.name for f in schema.meta_fields]
-    meta: dict[str, list[Any]] = {n: [] for n in meta_names}
-    terminated: list[Any] = []
-    truncated: list[Any] = []
-    if "actions" not in collected:
+    if "actions" not in dict(roles):
         return None
-    actions = collected["actions"][0]
-    for ep in group:
-        if (type(ep) is not dict and not _is_mapping(ep)) or not _PLAIN_KEYS.issuperset(ep):
-            return None
-        for key, names, out, single in plan:
-            value = ep.get(key)
-            if single and (type(value) is np.ndarray or isinstance(value, np.ndarray)):  # type(): the fast test
-                out[0].append(value)
-            elif _is_mapping(value) and len(value) == len(names) and all(n in value for n in names):
-                for n, lst in zip(names, out, strict=True):
-                    lst.append(value[n])
-            else:
-                return None  # absent, nested or incomplete: the reference path fills defaults or names it
-        term, trunc = ep.get("terminated", False), ep.get("truncated", False)
-        if not (term is True or term is False or isinstance(term, np.bool_)):
-            return None
-        if not (trunc is True or trunc is False or isinstance(trunc, np.bool_)):
-            return None
-        terminated.append(term)
-        truncated.append(trunc)
-        given = ep.get("meta")
-        if given:
-            if not all(n in meta for n in given):
-                return None
-            for n, lst in meta.items():
-                lst.append(given.get(n))
-        else:
-            for lst in meta.values():
-                lst.append(None)
-    steps = _all_rows(actions)
+    if set(map(type, group)) == {dict}:
+        episodes = cast("list[dict[str, Any]]", group)
+    elif all(map(_is_mapping, group)):
+        episodes = [dict(ep) for ep in group]
+    else:
+        return None
+    if not all(map(_PLAIN_KEYS.issuperset, episodes)):
+        return None
+    collected: dict[str, list[list[Any]]] = {}
+    for key, names in roles:
+        fields = _role_values(list(map(dict.get, episodes, repeat(key))), names)
+        if fields is None:
+            return None  # absent, nested or incomplete: the reference path fills defaults or names it
+        collected[key] = fields
+    flags = [list(map(dict.get, episodes, repeat(name), repeat(False))) for name in ("terminated", "truncated")]
+    if not all(_FLAG_TYPES.issuperset(map(type, flag)) for flag in flags):
+        return None
+    meta = _meta_lists(schema, list(map(dict.get, episodes, repeat("meta"))))
+    if meta is None:
+        return None
+    steps = _all_rows(collected["actions"][0])
     for key, role in EPISODE_KEYS.items():
         if key not in collected:
             continue
@@ -286,5 +274,47 @@ def _as_columns(schema: DatasetSchema, group: list[Mapping[str, Any]]) -> tuple[
     for key, role in EPISODE_KEYS.items():
         if key in columns and schema.unwrapped(role):
             columns[key] = next(iter(columns[key].values()))
-    columns.update(terminated=np.array(terminated), truncated=np.array(truncated), meta=meta)
+    columns.update(terminated=np.array(flags[0]), truncated=np.array(flags[1]), meta=meta)
     return columns, steps
+
+
+def _role_values(values: list[Any], names: list[str]) -> list[list[Any]] | None:
+    """Per field of a role, the group's arrays (``values``: the role's value in each episode), or None.
+
+    A role of one field may be its array; any role may be a mapping holding exactly its fields.
+    """
+    kinds = set(map(type, values))
+    if len(names) == 1 and kinds == {np.ndarray}:
+        return [values]
+    if kinds == {dict}:
+        if set(map(len, values)) != {len(names)}:
+            return None
+        try:
+            return [list(map(itemgetter(n), values)) for n in names]
+        except KeyError:
+            return None
+    out: list[list[Any]] = [[] for _ in names]
+    for value in values:
+        if len(names) == 1 and isinstance(value, np.ndarray):
+            out[0].append(value)
+        elif _is_mapping(value) and len(value) == len(names) and all(n in value for n in names):
+            for n, lst in zip(names, out, strict=True):
+                lst.append(value[n])
+        else:
+            return None
+    return out
+
+
+def _meta_lists(schema: DatasetSchema, given: list[Any]) -> dict[str, list[Any]] | None:
+    """Each meta field's value per episode (None: unset) from each episode's ``meta`` (``given``); None when an
+    episode names a field the schema lacks."""
+    names = [f.name for f in schema.meta_fields]
+    if not any(given):
+        return {n: [None] * len(given) for n in names}
+    meta: dict[str, list[Any]] = {n: [] for n in names}
+    for values in given:
+        if values and not all(n in meta for n in values):
+            return None
+        for n, lst in meta.items():
+            lst.append(values.get(n) if values else None)
+    return meta
