@@ -13,8 +13,9 @@ state/action/reward), writes it to local disk, copies it to S3 with
   (``SEQ + 1`` camera rows) of the dataset's shard objects read
   with ``KvStore.read(byte_range=...)``, 64 in flight;
 * S3 without a cache, straight to the server, through the latency proxy
-  (``tests/latency_proxy.py``) adding nothing, and adding 30 ms per request
-  (ceiling too);
+  (``tests/latency_proxy.py``) adding nothing, and adding 30 and 100 ms per
+  request (``--latency``; ceiling too), each latency row printed as a ratio
+  to the +0 ms row of the same run;
 * S3 through the fault proxy (``tests/fault_proxy.py``) answering 10% of
   requests ``503 SlowDown`` (``--slow-down``), beside the same proxy with no
   faults: retries start at tens of milliseconds
@@ -28,14 +29,16 @@ state/action/reward), writes it to local disk, copies it to S3 with
 The configurations are measured in interleaved rounds (``--rounds``) and the
 median run of each is printed, so load from other processes on the machine
 hits them alike. Prints segments/s, ratios, requests per batch and bytes read
-per byte used. ``--quick`` shrinks everything; ``--prefetch`` sets how many
-batches ``segment_stream`` builds at once; ``--faults-only`` measures only
-the clean and the 503 rows.
+per byte used (both count the batches built ahead when a run stops: up to the
+prefetcher's target past the last one returned). ``--quick`` shrinks
+everything; ``--prefetch`` sets how many batches ``segment_stream`` keeps
+ahead at least; ``--faults-only`` measures only the clean and the 503 rows.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import subprocess
 import sys
@@ -171,9 +174,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small dataset, few batches")
     ap.add_argument("--episodes", type=int, default=None)
-    ap.add_argument("--latency", type=float, default=0.03, help="seconds the proxy adds per request")
+    ap.add_argument(
+        "--latency", type=float, nargs="+", default=[0.03, 0.1], help="seconds the proxy adds per request (rows)"
+    )
     ap.add_argument("--rounds", type=int, default=None, help="interleaved rounds per configuration (median)")
-    ap.add_argument("--prefetch", type=int, default=2, help="segment_stream prefetch (batches built at once)")
+    ap.add_argument("--prefetch", type=int, default=2, help="segment_stream prefetch (batches ahead, at least)")
     ap.add_argument("--slow-down", type=float, default=0.10, help="fraction of requests the fault proxy answers 503")
     ap.add_argument("--faults-only", action="store_true", help="measure only the clean and the 503 rows")
     ap.add_argument("--worker", nargs=5, help=argparse.SUPPRESS)
@@ -207,15 +212,14 @@ def main() -> None:
         print(f"sampling: segment_stream({SEQ}, batch_size={BATCH}, prefetch={PREFETCH}), ", end="")
         print(f"{batches} batches per run\n")
 
-        ms = f"+{args.latency * 1e3:.0f} ms"
+        delays = {f"+{delay * 1e3:.0f} ms": delay for delay in args.latency}
         seconds = 2.0 if args.quick else 5.0
         pct = f"{args.slow_down:.0%} 503 SlowDown"
-        with (
-            LatencyProxy(server.endpoint) as proxy0,
-            LatencyProxy(server.endpoint, args.latency) as proxy30,
-            FaultProxy(server.endpoint) as clean,
-            FaultProxy(server.endpoint, slow_down=args.slow_down, seed=1) as faulty,
-        ):
+        with contextlib.ExitStack() as proxies:
+            proxy0 = proxies.enter_context(LatencyProxy(server.endpoint))
+            slow = {ms: proxies.enter_context(LatencyProxy(server.endpoint, d)) for ms, d in delays.items()}
+            clean = proxies.enter_context(FaultProxy(server.endpoint))
+            faulty = proxies.enter_context(FaultProxy(server.endpoint, slow_down=args.slow_down, seed=1))
             via_clean = el.Dataset.open(url, storage_options=clean.storage_options(opts), read_only=True)
             via_503 = el.Dataset.open(url, storage_options=faulty.storage_options(opts), read_only=True)
             runs: dict[str, Callable[[int], dict[str, float]]] = {
@@ -225,7 +229,12 @@ def main() -> None:
             if not args.faults_only:
                 s3 = el.Dataset.open(url, storage_options=opts, read_only=True)
                 via0 = el.Dataset.open(url, storage_options=proxy0.storage_options(opts), read_only=True)
-                via30 = el.Dataset.open(url, storage_options=proxy30.storage_options(opts), read_only=True)
+                latency_runs: dict[str, Callable[[int], dict[str, float]]] = {}
+                for i, (ms, proxy) in enumerate(slow.items()):
+                    popts = proxy.storage_options(opts)
+                    via = el.Dataset.open(url, storage_options=popts, read_only=True)
+                    latency_runs[f"ceiling via proxy {ms}"] = lambda r, o=popts: point(ceiling(url, o, seconds))
+                    latency_runs[f"S3 via proxy {ms}"] = lambda r, v=via, s=30 + 30 * i: sample(v, batches, seed=s + r)
                 warm_ds = el.Dataset.open(url, storage_options=opts, read_only=True, cache_dir=f"{tmp}/warm")
                 sample(warm_ds, batches)  # fills the warm cache with the batches measured below
                 disk_ds = el.Dataset.open(f"{tmp}/local", read_only=True)
@@ -235,8 +244,7 @@ def main() -> None:
                     "S3 ranged-GET ceiling (64 in flight)": lambda r: point(ceiling(url, opts, seconds)),
                     "S3, no cache": lambda r: sample(s3, batches, seed=10 + r),
                     "S3 via proxy +0 ms": lambda r: sample(via0, batches, seed=20 + r),
-                    f"ceiling via proxy {ms}": lambda r: point(ceiling(url, proxy30.storage_options(opts), seconds)),
-                    f"S3 via proxy {ms}": lambda r: sample(via30, batches, seed=30 + r),
+                    **latency_runs,
                     **runs,
                     "S3 + disk cache, cold": lambda r: sample(
                         el.Dataset.open(url, storage_options=opts, read_only=True, cache_dir=f"{tmp}/cold{r}"), batches
@@ -278,9 +286,12 @@ def main() -> None:
                 f"{row['rate'] / top:>11.2f}{row['req']:>10.1f}{row['ratio']:>10.2f}"
             )
         uncached, via0_rate = get["S3, no cache"]["rate"], get["S3 via proxy +0 ms"]["rate"]
-        slow = get[f"S3 via proxy {ms}"]["rate"]
         print(f"\nS3 no cache / ceiling: {uncached / top:.2f}")
-        print(f"S3 {ms} / S3 no cache: {slow / uncached:.2f}; / S3 via proxy +0 ms: {slow / via0_rate:.2f}")
+        for ms in delays:
+            rate = get[f"S3 via proxy {ms}"]["rate"]
+            print(
+                f"S3 {ms} / S3 via proxy +0 ms (no latency): {rate / via0_rate:.2f}; / no cache: {rate / uncached:.2f}"
+            )
         print(f"S3 {pct} / no faults (fault proxy): {faulty_rate / clean_rate:.2f} ({injected} requests answered 503)")
         print(f"warm disk cache / local disk: {get['S3 + disk cache, warm']['rate'] / disk:.2f}")
         print(f"3rd process downloaded {after['total_bytes']} bytes in {after['requests']} requests in all")

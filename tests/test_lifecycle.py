@@ -102,8 +102,8 @@ REGISTERING = (  # the modules that register hooks, imported after the ones a ca
         (
             ["sampling.prefetch", "write.commit"],
             [
-                "codecs",
                 "fetchers",
+                "codecs",
                 "compactions",
                 "snapshots",
                 "batching",

@@ -14,7 +14,10 @@ the end) in one call, answered as read-only buffers in the same order.
   has one (:class:`~episodelake.diskcache.CacheConfig`): the on-disk cache
   shared by the node's processes, or a per-process memory cache. Only hits
   are served from it; misses are fetched, then stored.
-* :attr:`Fetcher.stats` counts requests, bytes received and cache hits.
+* :attr:`Fetcher.stats` counts requests, bytes received and cache hits;
+  :func:`thread_io` the seconds the calling thread spent waiting on
+  object-store answers and the requests it sent (the stream's prefetcher
+  sizes its batches in flight by them).
 * Object-store requests retry and time out as the location's
   :class:`~episodelake.location.StorageTimeouts` say; a request that still
   fails (endpoint down, throttled past its retries, no answer within the
@@ -44,7 +47,7 @@ from .engine import engine_usable, start_engine, wait
 from .faults import storage_fault
 from .location import Location
 
-REQUESTS_IN_FLIGHT = 128  # TensorStore s3 requests in flight per process (its default is 32)
+REQUESTS_IN_FLIGHT = 256  # TensorStore s3 requests in flight per process (its default is 32)
 MERGE_GAP = 64 << 10  # ranges of one object closer than this are fetched as one request
 
 Range = tuple[str, int, int | None]
@@ -142,6 +145,14 @@ class Fetcher:
     def _get(self, requests: Sequence[Range]) -> list[bytes]:
         if self.loc.is_local:
             return [_read_file(*r) for r in requests]
+        start = time.monotonic()
+        try:
+            return self._get_remote(requests)
+        finally:
+            seconds, sent = thread_io()
+            _THREAD_IO.totals = (seconds + time.monotonic() - start, sent + len(requests))
+
+    def _get_remote(self, requests: Sequence[Range]) -> list[bytes]:
         if not engine_usable():  # forked from a TensorStore process: fsspec (reconnects after fork)
             paths, starts, ends = zip(*requests, strict=True)
             blobs = self.loc.fs.cat_ranges(list(paths), list(starts), list(ends), on_error="return")
@@ -184,6 +195,17 @@ class Fetcher:
                 start_engine(self.loc.url)
                 self._kv = ts.KvStore.open(self.loc.kvstore(), context=_context()).result()
             return self._kv
+
+
+_THREAD_IO = threading.local()
+
+
+def thread_io() -> tuple[float, int]:
+    """Running totals of the calling thread: seconds waited on object-store requests, requests sent.
+
+    Local reads count in neither.
+    """
+    return getattr(_THREAD_IO, "totals", (0.0, 0))
 
 
 def _read_file(path: str, start: int, end: int | None) -> bytes:
