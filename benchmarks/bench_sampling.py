@@ -28,7 +28,9 @@ pass after one window per episode, with a short last batch).
 Every measurement runs in a fresh interpreter (one system's threads, e.g.
 zarr's event loop, slow another's torch kernels several-fold when they share a
 process on a small machine). Two regimes: data in the page cache (files read
-once before timing, then a warm-up), and cold: before each
+once before timing, then sampling for 3 s or one timed pass, whichever is
+longer, which also fills episodelake's resident copies: each chunk read from
+its file once per process), and cold: before each
 timed pass every file of the system is dropped from the page cache with
 ``posix_fadvise(DONTNEED)`` (after unmapping it), and the bytes the process
 actually read from storage (``/proc/self/io``) are reported with the rate.
@@ -495,8 +497,7 @@ def measure(system: System, phase: str, seconds: float, cold_batches: int, limit
     sample = system.open()
     if phase == "warm":
         preload(system.root)
-        for _ in range(3):  # fault in mappings
-            sample()
+        rate(sample, max(seconds, WARM_UP_S), 3)  # fault in mappings, fill episodelake's resident copies
         if getattr(system, "mode", "") == "prefetch":  # its thread refills the queue while the bound is timed
             return {"rate": rate(sample, seconds, 5)}
         bound = limit.open()
@@ -514,6 +515,7 @@ def measure(system: System, phase: str, seconds: float, cold_batches: int, limit
 
 
 WINDOWS = 6  # alternating timing windows of a system and the copy limit per warm measurement
+WARM_UP_S = 3.0  # least sampling before a warm measurement (a 1,000-episode resident copy fills in ~2 s)
 
 
 def run_isolated(args: argparse.Namespace, name: str, phase: str, seconds: float, cold_batches: int) -> dict:

@@ -7,15 +7,25 @@ row number falls outside the episode (padding).
 
 * Small per-step fields are one vectorized ``np.take`` from the snapshot's
   contiguous in-memory arrays.
-* Tensor fields are split into runs of consecutive rows inside one chunk.
-  Local arrays with the raw ``bytes`` codec (no compression, no sharding) are
-  read zero-copy from memory-mapped chunk files, one ``memcpy`` per run: no
-  per-read TensorStore overhead, and the kernel page cache is the chunk
-  cache. A warm batch makes no system call (rows are announced to the kernel
-  once per process), and large batches are copied by several threads.
-  Everything else (compressed chunks, object stores) goes through
-  TensorStore, every run of the batch issued at once in one ``ts.Batch`` so
-  reads of the same chunk or shard are coalesced.
+* Local arrays with the raw ``bytes`` codec (no compression, no sharding)
+  are read from a **resident copy** in process memory (:class:`ResidentRows`,
+  one anonymous buffer per array): each row is read from its chunk file the
+  first time a batch needs it (a chunk found in the page cache whole; each
+  chunk file's identity checked the first time a reader touches it), and a
+  batch is one ``np.take`` of its rows into the batch buffer, shared with
+  pool threads when large (NumPy releases the GIL while copying): no
+  per-segment Python, no file mapping's page tables, and no system call
+  once the rows are resident. Resident copies are bounded per process by
+  :data:`RESIDENT_BYTES` (``EPISODELAKE_RESIDENT_MB``); arrays that do not
+  fit are read as below.
+* Other tensor fields are split into runs of consecutive rows inside one
+  chunk. Raw local arrays outside the resident budget are read zero-copy
+  from memory-mapped chunk files, one ``memcpy`` per run, with the kernel
+  page cache as the chunk cache; a warm batch makes no system call (rows are
+  announced to the kernel once per process). Everything else (compressed
+  chunks, object stores) goes through TensorStore, every run of the batch
+  issued at once in one ``ts.Batch`` so reads of the same chunk or shard are
+  coalesced.
 * Output buffers come from a :class:`BufferPool` and are reused once nothing
   references them any more: a batch the caller still holds is never
   overwritten, and a dropped one is recycled instead of re-faulting fresh
@@ -32,11 +42,16 @@ object-store arrays through :class:`~episodelake.storage.planned.PlainArray`.
 from __future__ import annotations
 
 import copy
+import ctypes
+import itertools
 import math
 import mmap
 import os
 import sys
 import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -105,12 +120,255 @@ class BufferPool:
             return entry[1]
 
 
+def _default_resident_bytes() -> int:
+    """An eighth of physical memory, at most 4 GiB (``EPISODELAKE_RESIDENT_MB`` overrides it; 0 turns it off)."""
+    configured = os.environ.get("EPISODELAKE_RESIDENT_MB")
+    if configured is not None:
+        return int(float(configured) * (1 << 20))
+    try:
+        physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):  # no sysconf names (not POSIX)
+        return 0
+    return min(physical // 8, 4 << 30)
+
+
+RESIDENT_BYTES = _default_resident_bytes()  # per-process bound on the resident copies of local arrays
+RESIDENT_IDLE_S = 60.0  # a resident copy unused this long may be evicted to make room for another
+
+
+def _mem_available() -> int | None:
+    """The kernel's estimate of memory available without swapping (Linux), else None."""
+    try:
+        with open("/proc/meminfo", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_mincore = getattr(_libc, "mincore", None)
+
+
+def in_page_cache(fd: int, size: int) -> bool:
+    """Whether every page of the first ``size`` bytes of file ``fd`` is in the page cache (``mincore``).
+
+    Maps the file without touching it (no page fault, no readahead); False
+    where ``mincore`` is not available.
+    """
+    if _mincore is None or size == 0:
+        return False
+    mm = mmap.mmap(fd, size, prot=mmap.PROT_READ)
+    try:
+        view = np.frombuffer(mm, np.uint8)
+        pages = np.empty(-(-size // PAGE), np.uint8)
+        ok = _mincore(ctypes.c_void_p(view.ctypes.data), ctypes.c_size_t(size), ctypes.c_void_p(pages.ctypes.data))
+        del view
+        return ok == 0 and bool((pages & 1).all())
+    finally:
+        mm.close()
+
+
+Stamp = tuple[int, int, int, int]  # (device, inode, size, mtime ns) of a chunk file when it was read
+
+
+def _stamp(st: os.stat_result) -> Stamp:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _anonymous(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """A zeroed, page-aligned array in its own anonymous mapping (unmapped when the array is dropped).
+
+    Not NumPy's allocator: NumPy asks for transparent huge pages on large
+    arrays, and faulting in a resident copy's 2 MiB pages (zeroed, compacted)
+    costs about twice its 4 KiB ones, for no faster copies out of it.
+    """
+    count = math.prod(shape)
+    buf = mmap.mmap(-1, max(1, count * np.dtype(dtype).itemsize))
+    return np.frombuffer(buf, dtype, count).reshape(shape)
+
+
+class ResidentRows:
+    """One local raw array's rows in process memory, each read from its chunk file the first time a batch needs it.
+
+    ``rows`` (None once evicted) is a buffer of whole chunks and ``filled``
+    says which of its rows were read, from chunk ``c``'s file as it was when
+    ``stamps[c]`` was taken. A local array only ever grows at its end and
+    rows already referenced never change, so a copy stays right for every
+    snapshot; a chunk file whose identity changed (the last chunk rewritten
+    by a later commit, a replaced or damaged file) has its rows read again.
+    Rows are read like the mapped path reads them: only those a batch needs,
+    all of a batch's announced to the kernel first so that cold ones are read
+    concurrently. Grows (:meth:`ResidentCache.rows_of`) by swapping the
+    buffer, so readers holding this object see the larger one.
+    """
+
+    def __init__(self, field: FieldSpec, chunk_rows: int, capacity: int) -> None:
+        self.field = field
+        self.chunk_rows = chunk_rows
+        self.rows: np.ndarray | None = _anonymous((capacity, *field.shape), field.np_dtype)
+        self.filled = np.zeros(capacity, dtype=bool)
+        self.stamps: dict[int, Stamp] = {}
+        self.used = time.monotonic()
+        self.lock = threading.Lock()
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.rows is None else self.rows.nbytes
+
+    @property
+    def capacity(self) -> int:
+        return 0 if self.rows is None else len(self.rows)
+
+    def grow(self, capacity: int) -> None:
+        """Hold ``capacity`` rows from now on, the rows read so far kept."""
+        with self.lock:
+            assert self.rows is not None and capacity > self.capacity
+            rows = _anonymous((capacity, *self.field.shape), self.field.np_dtype)
+            rows[: self.capacity] = self.rows
+            filled = np.zeros(capacity, dtype=bool)
+            filled[: self.capacity] = self.filled
+            self.rows, self.filled = rows, filled
+
+    def check(self, files: ChunkFiles, chunks: np.ndarray, episodes: np.ndarray) -> None:
+        """``stat`` chunks ``chunks`` (``episodes[i]``: an episode with rows in ``chunks[i]``, for errors).
+
+        A missing or mis-sized file raises as the mapped path does; a file
+        whose identity changed since its rows were read has them read again.
+        """
+        R = self.chunk_rows
+        with self.lock:
+            for c, eid in zip(chunks.tolist(), episodes.tolist(), strict=True):
+                with files.failures(c, eid) as path:
+                    st = os.stat(path)
+                files.check_size(path, st.st_size, eid)
+                if self.stamps.get(c) != _stamp(st):
+                    self.stamps[c] = _stamp(st)
+                    self.filled[c * R : (c + 1) * R] = False
+
+    def fill(self, files: ChunkFiles, src: np.ndarray, episodes: np.ndarray) -> None:
+        """Read the rows ``src`` not read yet (``episodes[i]``: the episode of ``src[i]``, for errors).
+
+        A chunk whose file is all in the page cache (:func:`in_page_cache`) is
+        read whole, so a warm array is resident once each chunk was touched;
+        otherwise only the rows needed are read (no more from storage than
+        the mapped path reads), all of them announced to the kernel first so
+        that they are read concurrently.
+        """
+        R, row = self.chunk_rows, self.field.step_bytes
+        with self.lock:
+            rows, filled = self.rows, self.filled
+            if rows is None:  # evicted: the caller maps the files
+                return
+            missing = ~filled[src]
+            need, first = np.unique(src[missing], return_index=True)
+            if not len(need):
+                return
+            owner = dict(zip(need.tolist(), episodes[missing][first].tolist(), strict=True))
+            flat = rows.reshape(len(rows), -1).view(np.uint8)
+            opened: dict[int, int] = {}
+            try:
+                for c in np.unique(need // R).tolist():
+                    eid = owner[int(need[np.searchsorted(need, c * R)])]
+                    with files.failures(c, eid) as path:
+                        fd = opened[c] = os.open(path, os.O_RDONLY)
+                        if in_page_cache(fd, R * row) and os.preadv(fd, [flat[c * R : (c + 1) * R].data], 0) == R * row:
+                            filled[c * R : (c + 1) * R] = True
+                need = need[~filled[need]]
+                brk = (np.diff(need) != 1) | (np.diff(need // R) != 0)
+                starts = np.concatenate([[0], np.flatnonzero(brk) + 1])[: len(need)]
+                counts = np.diff(np.append(starts, len(need)))
+                runs = [(s // R, s, n, owner[s]) for s, n in zip(need[starts].tolist(), counts.tolist(), strict=True)]
+                for c, s, n, eid in runs:
+                    with files.failures(c, eid):
+                        if hasattr(os, "posix_fadvise"):  # cold rows of the batch read concurrently
+                            os.posix_fadvise(opened[c], (s - c * R) * row, n * row, os.POSIX_FADV_WILLNEED)
+                for c, s, n, eid in runs:
+                    with files.failures(c, eid) as path:
+                        got = os.preadv(opened[c], [flat[s : s + n].data], (s - c * R) * row)
+                        if got != n * row:  # shrank since it was checked
+                            files.check_size(path, os.fstat(opened[c]).st_size, eid)
+                            raise CorruptionError(f"episode {eid}: chunk file {path}: read {got} of {n * row} bytes")
+            finally:
+                for fd in opened.values():
+                    os.close(fd)
+            filled[need] = True
+
+
+class ResidentCache:
+    """The process's resident copies of local raw arrays (:class:`ResidentRows`), by array directory.
+
+    Their capacities add up to at most ``budget`` bytes; a copy is only made
+    (or grown) while it is at most half of the memory the kernel reports
+    available. To make room, copies unused for :data:`RESIDENT_IDLE_S` are
+    evicted (their readers go back to mapping the files); an array that does
+    not fit is not made resident.
+    """
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self._arrays: dict[tuple[Any, ...], ResidentRows] = {}  # by (directory, chunk rows, dtype, row shape)
+        self._lock = threading.Lock()
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by resident copies now."""
+        return sum(r.nbytes for r in self._arrays.values())
+
+    def rows_of(self, files: ChunkFiles) -> ResidentRows | None:
+        """The resident copy of ``files``' array, made or grown to hold its rows; None if it does not fit."""
+        R, f = files.chunk_rows, files.field
+        capacity = -(-files.rows // R) * R
+        key = (files.directory, R, f.np_dtype.str, f.shape)
+        with self._lock:
+            entry = self._arrays.get(key)
+            if entry is not None and entry.capacity >= capacity:
+                return entry
+            if entry is not None:  # by a quarter at least: an array followed while it grows is copied rarely
+                capacity = max(capacity, -(-entry.capacity * 5 // 4 // R) * R)
+            more = capacity * f.step_bytes - (entry.nbytes if entry is not None else 0)
+            available = _mem_available()
+            if (available is not None and capacity * f.step_bytes > available // 2) or not self._make_room(more, key):
+                return None
+            if entry is None:
+                entry = self._arrays[key] = ResidentRows(f, R, capacity)
+            else:
+                entry.grow(capacity)
+            return entry
+
+    def _make_room(self, more: int, keep: tuple[Any, ...]) -> bool:
+        free = self.budget - self.nbytes
+        if more <= free:
+            return True
+        idle = time.monotonic() - RESIDENT_IDLE_S
+        for key, entry in sorted(self._arrays.items(), key=lambda item: item[1].used):
+            if free >= more or entry.used > idle:
+                break
+            if key != keep:
+                free += entry.nbytes
+                entry.rows = None  # its readers see it evicted and map the files again
+                del self._arrays[key]
+        return more <= free
+
+    def reset_after_fork(self) -> None:
+        """Fresh locks (a parent thread may have held them); the copies stay, shared copy-on-write."""
+        self._lock = threading.Lock()
+        for entry in self._arrays.values():
+            entry.lock = threading.Lock()
+
+
+resident = ResidentCache(RESIDENT_BYTES)
+
+
 class ChunkFiles:
-    """Zero-copy reads of a local Zarr v3 array stored with the raw ``bytes`` codec.
+    """Reads of a local Zarr v3 array stored with the raw ``bytes`` codec: from its resident copy, else mapped.
 
     Chunk ``c`` is the file ``c/<c>/0/...`` holding ``chunk_rows`` rows in C
-    order; a missing file is a chunk TensorStore did not store because it
-    equals the fill value (zeros).
+    order. The array is made resident (:class:`ResidentCache`) when the
+    reader is made, if it fits; :meth:`gather` copies from that copy,
+    :meth:`copy_runs` from memory-mapped chunk files.
     """
 
     def __init__(self, directory: str, rows: int, chunk_rows: int, field: FieldSpec) -> None:
@@ -123,6 +381,8 @@ class ChunkFiles:
         self.dataset = ""  # named by storage faults
         self._maps: dict[int, tuple[mmap.mmap, np.ndarray]] = {}
         self._seen: np.ndarray | None = None  # rows this process read (pages announced to the kernel already)
+        self._resident = resident.rows_of(self)
+        self._checked = np.zeros(-(-rows // chunk_rows), dtype=bool)  # chunks of the resident copy checked
 
     @classmethod
     def probe(cls, loc: Location, writer: str, field: FieldSpec) -> ChunkFiles | None:
@@ -135,38 +395,84 @@ class ChunkFiles:
         files.dataset = loc.url
         return files
 
+    @contextmanager
+    def failures(self, c: int, episode_id: int) -> Iterator[str]:
+        """Chunk ``c``'s path; file errors inside raise what damaged or failing storage does.
+
+        Every chunk of referenced rows is stored (even all-zero ones), so a
+        missing file is :class:`CorruptionError`; permission denied or an
+        I/O error is a storage fault (:class:`StorageError`).
+        """
+        path = os.path.join(self.directory, *chunk_parts(c, len(self.row_shape)))
+        try:
+            yield path
+        except FileNotFoundError as exc:
+            raise CorruptionError(
+                f"episode {episode_id}: field {self.field.key!r}: chunk file {path} is missing"
+            ) from exc
+        except OSError as exc:  # CorruptionError passes
+            err = storage_fault(exc, dataset=self.dataset, object=path, doing=f"reading episode {episode_id}")
+            if err is None:
+                raise
+            raise err from exc
+
+    def check_size(self, path: str, size: int, episode_id: int) -> None:
+        """Raise :class:`CorruptionError` unless ``size`` is a whole chunk's."""
+        want = self.chunk_rows * self.field.step_bytes
+        if size != want:
+            raise CorruptionError(
+                f"episode {episode_id}: field {self.field.key!r}: chunk file {path} holds {size} bytes, expected {want}"
+            )
+
     def chunk(self, c: int, episode_id: int) -> tuple[mmap.mmap, np.ndarray]:
         """Chunk ``c``'s mapping and its rows as a read-only array over it."""
         try:
             return self._maps[c]
         except KeyError:
             pass
-        path = os.path.join(self.directory, *chunk_parts(c, len(self.row_shape)))
-        want = self.chunk_rows * self.field.step_bytes
-        try:
-            with open(path, "rb") as fh:
-                size = os.fstat(fh.fileno()).st_size
-                if size != want:
-                    raise CorruptionError(
-                        f"episode {episode_id}: field {self.field.key!r}: chunk file {path} holds {size} bytes, "
-                        f"expected {want}"
-                    )
-                mm = mmap.mmap(fh.fileno(), want, prot=mmap.PROT_READ)
-            entry = (mm, np.frombuffer(mm, self.field.np_dtype).reshape(self.chunk_rows, *self.row_shape))
-        except FileNotFoundError as exc:
-            # every chunk of referenced rows is stored (even all-zero ones): a missing file is damage
-            raise CorruptionError(
-                f"episode {episode_id}: field {self.field.key!r}: chunk file {path} is missing"
-            ) from exc
-        except OSError as exc:  # permission denied, I/O error: the storage failed (CorruptionError passes)
-            err = storage_fault(exc, dataset=self.dataset, object=path, doing=f"reading episode {episode_id}")
-            if err is None:
-                raise
-            raise err from exc
+        with self.failures(c, episode_id) as path, open(path, "rb") as fh:
+            self.check_size(path, os.fstat(fh.fileno()).st_size, episode_id)
+            mm = mmap.mmap(fh.fileno(), self.chunk_rows * self.field.step_bytes, prot=mmap.PROT_READ)
+        entry = (mm, np.frombuffer(mm, self.field.np_dtype).reshape(self.chunk_rows, *self.row_shape))
         if len(self._maps) >= MAX_MAPPED_CHUNKS:
             self._maps.clear()  # dropped mappings unmap once no batch copy is in flight
         self._maps[c] = entry
         return entry
+
+    def gather(
+        self, out: np.ndarray, src: np.ndarray, dst: np.ndarray | None, episodes: np.ndarray, width: int
+    ) -> bool:
+        """``out[dst] = rows src`` (``dst`` None: every row of ``out``) from the array's resident copy.
+
+        ``episodes[i]`` is the episode of ``out``'s rows ``[i * width, (i + 1)
+        * width)`` (named by errors). Chunks this reader has not touched yet
+        are checked first, rows not read yet are read, so a warm batch is one
+        ``np.take`` and no system call. False, nothing copied, when the array
+        is not resident (:class:`ResidentCache`): the caller copies runs
+        (:meth:`copy_runs`).
+        """
+        entry = self._resident
+        if entry is None:
+            return False
+        entry.used = time.monotonic()
+        chunks = src // self.chunk_rows
+        fresh = ~self._checked[chunks]
+        if fresh.any() or not entry.filled[src].all():
+            owners = episodes[(np.arange(len(src)) if dst is None else dst) // width]
+            if fresh.any():
+                todo, first = np.unique(chunks[fresh], return_index=True)
+                entry.check(self, todo, owners[fresh][first])
+                self._checked[todo] = True
+            entry.fill(self, src, owners)
+        rows = entry.rows  # after the fill: a buffer grown meanwhile holds the rows too
+        if rows is None:  # evicted: map the files from now on
+            self._resident = None
+            return False
+        if dst is None:
+            take_rows(out, rows, src)
+        else:
+            out[dst] = rows[src]
+        return True
 
     def copy_runs(self, out: np.ndarray, runs: list[tuple[int, int, int, int]]) -> None:
         """Copy runs ``(dst row, src row, count, episode id)`` (each inside one chunk) into ``out``.
@@ -215,6 +521,55 @@ def parallel_copy(out: np.ndarray, todo: list[tuple[int, np.ndarray, int, int]],
     _copy_blocks(out, parts[0])
     for fut in futures:
         fut.result()
+
+
+PARTS_PER_THREAD = 4  # a large take is cut into this many parts per thread, claimed by whichever thread is free
+SOLO_CALLS = 50  # takes copied by the caller alone after a helper stalled (a busy machine), before trying again
+_solo = [0]  # takes left to copy alone
+
+
+def take_rows(out: np.ndarray, rows: np.ndarray, src: np.ndarray) -> None:
+    """``out[:] = rows[src]`` (``src`` within ``rows``), shared with pool threads if large.
+
+    The copy is cut into parts that the calling thread and the helpers claim
+    one at a time, and the caller waits only for parts a helper claimed. On a
+    busy machine a helper may be descheduled in the middle of its part; when
+    the caller waited for one longer than two parts' copy, the next
+    :data:`SOLO_CALLS` takes are copied by the caller alone.
+    """
+    workers = min(len(src), COPY_THREADS, out.nbytes // (PARALLEL_BYTES // 2))
+    if workers < 2 or _solo[0] > 0:
+        _solo[0] = max(0, _solo[0] - 1)
+        np.take(rows, src, axis=0, out=out, mode="clip")  # "clip": with mode "raise" NumPy copies twice
+        return
+    parts = workers * PARTS_PER_THREAD
+    cuts = [len(src) * k // parts for k in range(parts + 1)]
+    claims = itertools.count()  # next() is atomic: each part is claimed once
+    done = threading.Semaphore(0)
+    failed: list[BaseException] = []
+
+    def work() -> None:
+        while (k := next(claims)) < parts:
+            try:
+                a, b = cuts[k], cuts[k + 1]
+                np.take(rows, src[a:b], axis=0, out=out[a:b], mode="clip")
+            except BaseException as exc:  # re-raised by the caller
+                failed.append(exc)
+            finally:
+                done.release()
+
+    pool = codec_pool()
+    for _ in range(workers - 1):
+        pool.submit(work)
+    began = time.perf_counter()
+    work()
+    copied = time.perf_counter()
+    for _ in range(parts):
+        done.acquire()
+    if (time.perf_counter() - copied) * parts > 4 * (copied - began):  # about two parts' copy
+        _solo[0] = SOLO_CALLS
+    if failed:
+        raise failed[0]
 
 
 Source = ChunkFiles | TensorArray | PlainArray
@@ -427,14 +782,39 @@ class WindowReader:
         dst = np.flatnonzero(valid.ravel())
         if not len(dst):
             return
-        src = (tf.rows[pos][:, None] + rows).ravel()[dst]
+        src = (tf.rows[pos][:, None] + rows).ravel()
+        every = len(dst) == len(flat)  # no padding
+        if not every:
+            src = src[dst]
         item = dst // W
-        array = tf.array_of[pos][item]
-        used, which = np.unique(array, return_inverse=True)
+        if len(tf.arrays) == 1:
+            used, which = np.zeros(1, np.int64), np.zeros(len(dst), np.int64)
+        else:
+            used, which = np.unique(tf.array_of[pos][item], return_inverse=True)
+        array = used[which]
         sources = tf.sources(used, self.nrows(tf.field))
+        readers = [sources[a] for a in used.tolist()]
+        episodes = self.episode_ids[pos]
+        if len(readers) == 1 and isinstance(readers[0], ChunkFiles):
+            full = src
+            if not every:  # padding slots copy a row the batch reads anyway (zeroed by _gather): one take
+                full = np.full(len(flat), src[0])
+                full[dst] = src
+            if readers[0].gather(flat, full, None, episodes, W):
+                return
+        elif len(readers) > 1:
+            copied = np.array(
+                [
+                    isinstance(r, ChunkFiles) and r.gather(flat, src[which == k], dst[which == k], episodes, W)
+                    for k, r in enumerate(readers)
+                ]
+            )
+            rest = ~copied[which]
+            dst, src, item, array, which = dst[rest], src[rest], item[rest], array[rest], which[rest]
+            if not len(dst):
+                return
         # runs must stay inside one chunk (a shard of one-frame chunks) for readers that copy chunk by chunk;
         # TensorStore splits runs itself
-        readers = [sources[a] for a in used.tolist()]
         split = [
             0 if isinstance(r, TensorArray) else r.run_rows if isinstance(r, PlainArray) else r.chunk_rows
             for r in readers
@@ -514,6 +894,7 @@ _READER_LOCK = threading.Lock()
 def _reset_lock_after_fork() -> None:
     global _READER_LOCK
     _READER_LOCK = threading.Lock()  # a parent's prefetch thread may have held it at fork time
+    resident.reset_after_fork()
 
 
 lifecycle.after_fork("batching", _reset_lock_after_fork)
