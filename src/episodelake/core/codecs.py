@@ -205,21 +205,85 @@ def encode_segment(codec: str, quality: int, layout: str, first: int, frames: np
     return _SEGMENT.pack(_MAGIC, first, len(hwc), len(packets)) + sizes + b"".join(packets)
 
 
-# (pid, thread) -> that thread's YUV -> RGB converter. Never freed: a thread-local would be freed in a forked
+# (pid, thread) -> that thread's video decoding parts. Never freed: a thread-local would be freed in a forked
 # child for the parent's pool threads, and freeing a scaler whose slice threads did not survive fork hangs.
-_REFORMATTERS: dict[tuple[int, int], Any] = {}
+_DECODING: dict[tuple[int, int], _VideoParts] = {}
+_TALL_SHAPES = 8  # tall frames a thread keeps, by shape (a batch reads a handful of chunk shapes)
 
 
-def _reformatter() -> Any:
-    """This thread's YUV -> RGB converter: it keeps its scaler between frames and chunks (a frame's own
-    ``to_ndarray(format=...)`` sets one up per call, over half of a small chunk's decode time); the
-    output is identical."""
-    key = (os.getpid(), threading.get_ident())
-    if key not in _REFORMATTERS:
+class _VideoParts:
+    """One thread's reusable video decoding parts, so a chunk opens nothing and converts colour in one call.
+
+    * decoders by (name, height, width): a chunk is one closed GOP, so after
+      its frames are drained a flushed decoder decodes the next chunk as a
+      fresh one would (opening libdav1d per chunk cost about as much as
+      decoding a small chunk's frames);
+    * one YUV -> RGB converter, which keeps its scaler between calls;
+    * tall yuv420p frames: a segment's frames are stacked into one and
+      converted in one scaler call instead of one per frame. The
+      conversion is row-local (a 4:2:0 chroma row serves two luma rows and
+      every frame height is even), so each frame converts bit for bit as on
+      its own.
+    """
+
+    def __init__(self, av: Any) -> None:
         from av.video.reformatter import VideoReformatter
 
-        _REFORMATTERS[key] = VideoReformatter()
-    return _REFORMATTERS[key]
+        self.av = av
+        self.reformat = VideoReformatter().reformat
+        self.decoders: dict[tuple[str, int, int], Any] = {}
+        self.tall: OrderedDict[tuple[int, int, int], tuple[Any, list[np.ndarray]]] = OrderedDict()
+
+    def decode(self, name: str, h: int, w: int, packets: list[bytes]) -> list[Any]:
+        """The frames of one closed GOP's ``packets``; the decoder is dropped if they fail to decode."""
+        key = (name, h, w)
+        ctx = self.decoders.pop(key, None)
+        if ctx is None:
+            ctx = self.av.CodecContext.create(name, "r")
+            ctx.thread_count = 1  # chunks are decoded in parallel by the pool
+        frames: list[Any] = []
+        for packet in [*packets, None]:  # None drains the frames held back for reordering
+            frames += ctx.decode(None if packet is None else self.av.Packet(packet))
+        ctx.flush_buffers()  # out of draining: ready for the next GOP
+        self.decoders[key] = ctx
+        return frames
+
+    def to_rgb(self, frames: list[Any], out: np.ndarray) -> None:
+        """Write decoded yuv420p ``frames`` (all one size) as RGB into ``out`` (``len(frames)`` frames,
+        cropped to its height and width)."""
+        if not frames:
+            return
+        fh, fw = frames[0].height, frames[0].width
+        if any(f.format.name != "yuv420p" or (f.height, f.width) != (fh, fw) for f in frames):
+            raise ValueError("video frames are not all yuv420p of one size")
+        tall, planes = self._tall(len(frames), fh, fw)
+        for i, frame in enumerate(frames):
+            for dst, src, div in zip(planes, frame.planes, (1, 2, 2), strict=True):
+                rows, cols = fh // div, fw // div
+                dst[i * rows : (i + 1) * rows, :cols] = np.frombuffer(src, np.uint8).reshape(rows, -1)[:, :cols]
+        rgb = self.reformat(tall, format="rgb24", src_colorspace=frames[0].colorspace).to_ndarray()
+        out[:] = rgb.reshape(len(frames), fh, fw, 3)[:, : out.shape[1], : out.shape[2]]
+
+    def _tall(self, n: int, h: int, w: int) -> tuple[Any, list[np.ndarray]]:
+        """A yuv420p frame of ``n`` frames of ``h`` x ``w`` stacked, and its planes as writable arrays."""
+        key = (n, h, w)
+        found = self.tall.pop(key, None)
+        if found is None:
+            tall = self.av.VideoFrame(w, n * h, "yuv420p")
+            rows = (n * h, n * h // 2, n * h // 2)
+            found = (tall, [np.frombuffer(p, np.uint8).reshape(r, -1) for p, r in zip(tall.planes, rows, strict=True)])
+        self.tall[key] = found
+        if len(self.tall) > _TALL_SHAPES:
+            self.tall.popitem(last=False)
+        return found
+
+
+def _video_parts(av: Any) -> _VideoParts:
+    """This thread's :class:`_VideoParts`."""
+    key = (os.getpid(), threading.get_ident())
+    if key not in _DECODING:
+        _DECODING[key] = _VideoParts(av)
+    return _DECODING[key]
 
 
 def _video_decoder(conf: dict[str, Any], chunk_shape: tuple[int, ...]) -> Callable[[bytes], np.ndarray]:
@@ -236,22 +300,15 @@ def _video_decoder(conf: dict[str, Any], chunk_shape: tuple[int, ...]) -> Callab
         if magic != _MAGIC or first + n > len(out):
             raise ValueError(f"not a video segment (frames {first}..{first + n} of a {len(out)}-frame chunk)")
         at += _SEGMENT.size
-        sizes = np.frombuffer(blob, "<u4", count, at).tolist()
         at += 4 * count
-        ctx = av.CodecContext.create(decoder, "r")
-        ctx.thread_count = 1
-        reformat = _reformatter().reformat
-        got = 0
-        for size in [*sizes, None]:
-            packet = None if size is None else av.Packet(bytes(blob[at : at + size]))
-            at += size or 0
-            for frame in ctx.decode(packet):
-                if got < n:
-                    out[first + got] = reformat(frame, format="rgb24").to_ndarray()[:h, :w]
-                got += 1
-        if got != n:
-            raise ValueError(f"video segment decodes to {got} frames, expected {n}")
-        return at
+        ends = (at + np.cumsum(np.frombuffer(blob, "<u4", count, at - 4 * count), dtype=np.int64)).tolist()
+        packets = [bytes(blob[a:b]) for a, b in zip([at, *ends][:-1], ends, strict=True)]
+        parts = _video_parts(av)
+        frames = parts.decode(decoder, h + h % 2, w + w % 2, packets)
+        if len(frames) != n:
+            raise ValueError(f"video segment decodes to {len(frames)} frames, expected {n}")
+        parts.to_rgb(frames, out[first : first + n])
+        return ends[-1] if ends else at
 
     def run(blob: bytes) -> np.ndarray:
         out = np.zeros((chunk_shape[0], *frame_shape), np.uint8)
