@@ -6,11 +6,14 @@ one seed, epoch 0, ``batch_size`` x window length) three ways:
 
 * the local sampler, ``ds.segment_stream(...)`` (default prefetch);
 * ``ds.segments_to_ray(..., concurrency=1)``: one Ray actor reading batches;
-* ``ds.segments_to_ray(..., concurrency=2)``: two actors.
+* ``ds.segments_to_ray(..., concurrency=2)``: two actors;
+* the copy limit: the same number of random windows gathered by NumPy from
+  in-memory arrays of the dataset's geometry, one thread, this run (every
+  row is printed beside it, so none can exceed it unnoticed).
 
 Time to first batch counts from the call that builds the stream (planning,
 actor start-up) to the first batch in hand. The Ray batches are checked equal
-to the local sampler's. Prints batches/s and ratios to the local sampler.
+to the local sampler's. Prints batches/s and ratios to the copy limit and the local sampler.
 
     python benchmarks/bench_ray.py [--episodes 120] [--length 64] [--batches 60] [--cpus 2]
 """
@@ -25,6 +28,7 @@ import numpy as np
 import ray
 
 import episodelake as el
+from copy_limit import window_sampler  # benchmarks/ is on sys.path when run as a script
 
 BATCH, SEQ, SEED = 32, 16, 0
 
@@ -68,6 +72,20 @@ def timed(batches, limit: int) -> tuple[float, float, list]:
     return first, rate, ids
 
 
+def copy_limit(episodes: int, length: int, batches: int) -> float:
+    """Batches/s of the bound: ``batches`` batches of random windows gathered by NumPy from in-memory arrays of
+    the dataset's geometry (camera and state per observation row, action and reward per step row), one thread."""
+    rng = np.random.default_rng(3)
+    rows, steps = episodes * (length + 1), episodes * length
+    obs = [rng.integers(0, 256, (rows, 3, 64, 64), dtype=np.uint8), rng.standard_normal((rows, 8), dtype=np.float32)]
+    per_step = [rng.standard_normal((steps, 4), dtype=np.float32), rng.standard_normal(steps, dtype=np.float32)]
+    sample = window_sampler(obs, per_step, episodes, length, SEQ, BATCH)
+    t0 = time.perf_counter()
+    for _ in range(batches):
+        sample()
+    return batches / (time.perf_counter() - t0)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--episodes", type=int, default=120)
@@ -97,12 +115,14 @@ def main() -> None:
         for actors in (1, 2):
             results[f"ray, {actors} actor{'s' * (actors > 1)}"] = timed(on_ray(actors), args.batches)
         ray.shutdown()
+        limit = copy_limit(args.episodes, args.length, args.batches)
     _, base_rate, base_ids = results["local sampler"]
-    print(f"{'source':<16} {'first batch s':>13} {'batches/s':>10} {'x local':>8}")
+    print(f"copy limit (in-memory gather, one thread, this run): {limit:.1f} batches/s")
+    print(f"{'source':<16} {'first batch s':>13} {'batches/s':>10} {'vs limit':>9} {'x local':>8}")
     for name, (first, rate, ids) in results.items():
         same = all(np.array_equal(a, b) for a, b in zip(ids, base_ids, strict=True))
         assert same, f"{name}: batches differ from the local sampler's"
-        print(f"{name:<16} {first:>13.2f} {rate:>10.1f} {rate / base_rate:>8.2f}")
+        print(f"{name:<16} {first:>13.2f} {rate:>10.1f} {rate / limit:>9.3f} {rate / base_rate:>8.2f}")
 
 
 if __name__ == "__main__":
