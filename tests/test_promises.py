@@ -421,29 +421,25 @@ def test_sampler_returning_nothing_ends_the_stream(small_ds):
 
 
 def test_prefetch_queue_is_bounded(small_ds):
-    """With prefetch=2 the background thread builds at most 2 batches ahead (plus one waiting to be queued)."""
-    import threading
-
+    """With prefetch=2 (local reads) the background thread keeps exactly 2 batches ahead, planning no further."""
     ds, _ = small_ds
     calls = []
-    sampled = threading.Condition()
 
     class Counting:
         def sample(self, index, batch_size):
-            with sampled:
-                calls.append(1)
-                sampled.notify_all()
+            calls.append(1)
             return np.arange(batch_size) % len(index)
 
     stream = ds.segment_stream(2, batch_size=4, sampler=Counting(), prefetch=2)
-    stream.sample()
-    queue = stream._prefetcher.queue
-    # the thread plans a batch (one sampler call), queues it, and goes on: the 4th call (1 taken, 2 queued,
-    # 1 waiting to be queued) is the event to wait for, whatever the machine's speed; 600 s only guards a hang
-    with sampled:
-        assert sampled.wait_for(lambda: len(calls) >= 4, timeout=600)
-    assert queue.full() and queue.maxsize == 2
-    assert len(calls) == 1 + 2 + 1 and stream._prefetcher._thread.is_alive()  # blocked on put, not sampling on
+    for taken in (1, 2):
+        stream.sample()
+        ahead = stream._prefetcher
+        # the thread appends each planned batch under this condition; 600 s only guards a hang
+        with ahead._cond:
+            assert ahead._cond.wait_for(lambda a=ahead: len(a._items) >= 2, timeout=600)
+        # one sampler call per batch: those taken plus the 2 kept ahead, and none beyond until one is taken
+        assert len(calls) == taken + 2 and len(ahead._items) == 2 and ahead.target == 2
+    assert ahead._thread.is_alive()  # waiting for room, not ended
     stream.close()
 
 
