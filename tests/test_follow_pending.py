@@ -88,7 +88,7 @@ def segments(rec: Recorder, live: set[int]) -> int:
     return sum(len(rec.episodes[k]["act"]) - L + 1 for k in live)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=20, deadline=None)
 @given(
     lengths=st.lists(st.integers(1, 12), min_size=1, max_size=14),
     capacity=st.one_of(st.none(), st.integers(12, 40)),
