@@ -177,7 +177,11 @@ def test_refresh_with_where_and_weights_reselects(pair):
     stream = learner.segment_stream(L, batch_size=8, seed=2, where="length >= 4", sampler=el.Weighted("length"))
     write(writer, range(10, 14))
     stream.refresh()
-    assert len(stream.index) == segments_of([k for k in range(14) if length_of(k) >= 4])
+    live = [k for k in range(14) if length_of(k) >= 4]
+    assert len(stream.index) == segments_of(live)
+    # the weights are recomputed over the new version: each episode's mass is its length times its segments
+    expected = np.cumsum([length_of(k) * (length_of(k) - L + 1) for k in live])
+    np.testing.assert_allclose(stream._planner.sampler.mass, expected)
     assert {int(t) for _ in range(20) for t in stream.sample().episode_id} <= set(
         learner.where("length >= 4").episode_ids
     )
