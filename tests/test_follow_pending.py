@@ -134,8 +134,7 @@ def test_finished_episodes_are_sampled_without_a_commit_each():
         assert len(rec.episodes) - 1 in set(batch.meta["tag"].tolist())  # the newest one is drawn at once
     assert ds.version == version  # nothing committed: the writer's cadence (64 episodes) decides
     assert stream.index.total == segments(rec, rec.live(60))
-    ds.flush()
-    assert ds.version == version + 1  # one commit for the five episodes, evicting five
+    assert ds.flush() == version + 1 == ds.version  # one commit for the five episodes, evicting five
     assert sorted(t for (t,) in ds.sql("SELECT tag FROM episodes").fetchall()) == sorted(rec.live(60))
 
 
