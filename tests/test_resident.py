@@ -19,6 +19,8 @@ from hypothesis import strategies as st
 import episodelake as el
 from episodelake.read import batching
 
+from .test_warm_copy import drop_page_cache
+
 L = 6
 CAM = (2, 8, 8)  # 128 B a row, 8 rows a chunk: windows cross chunks
 
@@ -217,17 +219,6 @@ def test_warm_batches_make_no_system_call_on_the_resident_path(lake, cache, monk
     monkeypatch.setattr(os, "stat", lambda *a, **k: calls.append(a))
     check(segs.__getitems__(every[::-1]), frames)
     assert calls == []
-
-
-def drop_page_cache(root: str) -> None:
-    os.sync()
-    for d, _, names in os.walk(root):
-        for name in names:
-            fd = os.open(os.path.join(d, name), os.O_RDONLY)
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
 
 
 @pytest.mark.skipif(batching._mincore is None, reason="needs mincore")
