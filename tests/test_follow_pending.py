@@ -266,3 +266,27 @@ def test_a_writer_thread_and_a_sampling_thread_share_one_dataset():
     stream.sample()
     assert stream.index.total == segments(rec, rec.live(200))
     assert sorted(t for (t,) in ds.sql("SELECT tag FROM episodes").fetchall()) == sorted(rec.live(200))
+
+
+def test_a_stream_with_tensor_fields_commits_first_and_reads_the_new_rows():
+    """Tensor rows are read from their arrays, which hold committed rows only: the stream commits first."""
+    tensor_schema = el.DatasetSchema(
+        [
+            el.FieldSpec("observation", (2, 4, 4), "uint8", storage="tensor"),
+            el.FieldSpec("action", (), "int64", role="action"),
+            el.FieldSpec("reward", (), "float32", role="reward"),
+        ]
+    )
+    ds = el.Dataset.create(tensor_schema)
+    frames = [np.full((4, 2, 4, 4), k, np.uint8) for k in range(2)]
+    ds.append_episodes([{"observations": frames[0], "actions": np.zeros(3, np.int64), "rewards": np.zeros(3)}])
+    ds.flush()
+    stream = ds.segment_stream(el.Window(L), batch_size=64, seed=0, follow=True)
+    version = ds.version
+    w = ds.new_episode(frames[1][0])
+    for t in range(3):
+        w.add_step({"observations": frames[1][t + 1], "actions": 7, "rewards": 1.0, "terminated": t == 2})
+    batch = stream.sample()
+    assert ds.version == version + 1  # committed before the batch
+    new = batch.action[:, 0] == 7
+    assert new.any() and (batch.obs[new] == 1).all() and (batch.obs[~new] == 0).all()
