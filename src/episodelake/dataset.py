@@ -934,15 +934,21 @@ class Dataset(CollectionReads):
         self._store.refresh()
         return self
 
-    def _unflushed(self) -> tuple[Snapshot, CommitSink | None]:
+    def _follow(self, min_interval: float) -> Dataset:
+        """:meth:`refresh` for a stream following commits: the log looked at no more than every ``min_interval`` s."""
+        self._store.refresh(min_interval)
+        return self
+
+    def _unflushed(self, min_interval: float = 0.0) -> tuple[Snapshot, CommitSink | None]:
         """The latest committed version, committing nothing, and this process's writer (None: none).
 
         What a stream following this Dataset reads: the snapshot, and the
         writer whose finished, uncommitted episodes it samples too
         (``sampling.stream``), so a commit per finished episode stays off
-        the sampling path.
+        the sampling path. Other handles' commits are looked for as
+        :meth:`_follow` does.
         """
-        self._store.refresh()
+        self._store.refresh(min_interval)
         sink = self._sink
         return self._committed(), sink if sink is not None and sink.pid == os.getpid() else None
 

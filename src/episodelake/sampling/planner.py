@@ -113,7 +113,8 @@ class _Planner:
             self.drawn = (slots, weights)
             return index.to_global(local)
         if type(self.sampler) is UniformSampler:  # in range by construction: no need to check its ids
-            return index.rank + index.world * self.sampler.sample(index, B)
+            local = self.sampler.sample(index, B)
+            return local if index.world == 1 else index.rank + index.world * local
         if self.sampler is not None:
             local = np.asarray(self.sampler.sample(index, B))
             return None if local.size == 0 else index.to_global(local)

@@ -57,6 +57,11 @@ from .samplers import PrioritizedSampler, Sampler, UniformSampler, WeightedSampl
 from .segment_index import SegmentIndex, check_positive, check_seed
 
 # the planner's mode for each kind of sampler= (a kept PrioritizedSampler, kind "sampler", is "prioritized")
+FOLLOW_POLL_S = 0.001
+"""How often (seconds) a ``follow=True`` stream looks at the table's log for other handles' commits: a batch
+built in ~100 us would otherwise pay the log's file lookups on every call (its own Dataset's episodes are
+seen at once, without a look)."""
+
 MODES = {
     "uniform": "random",
     "weighted": "random",
@@ -268,7 +273,7 @@ class SegmentStream:
             params,
             seed_given,
         )
-        self._state = self._planner.state()
+        self._state: dict[str, Any] | None = self._planner.state()
         self.prefetch = prefetch
         # every step field lives in the table: a batch is a NumPy gather from memory that a thread cannot
         # overlap under the GIL (a prefetch thread made the online loop slower), so it is built inline
@@ -336,15 +341,17 @@ class SegmentStream:
         if self._done:
             raise StopIteration
         if self.follow:
-            self.refresh()
+            self._refresh(FOLLOW_POLL_S)
         item: Any
         if self.prefetch == 0 or self.prioritized or self._in_memory:
             ids = self._planner.next_ids()
-            item = _END if ids is None else (self._build(ids), self._planner.state())
+            # built inline, the planner stays at the returned batch: its state is taken when asked for
+            item = _END if ids is None else (self._build(ids), None)
             if self.prioritized and ids is not None:
                 item[0].indices, item[0].weights = cast(tuple[np.ndarray, np.ndarray], self._planner.drawn)
         else:
             if self._prefetcher is None:
+                self._state = self._resume_point()
                 self._prefetcher = _Prefetcher(self._planner, self._build, self.prefetch)
             item = self._prefetcher.get()
         if item is _END:
@@ -400,15 +407,20 @@ class SegmentStream:
         Streams with replacement (or a sampler) only; a DatasetView is pinned
         and raises ArgumentError.
         """
+        return self._refresh(0.0)
+
+    def _refresh(self, min_interval: float) -> bool:
+        """:meth:`refresh`, looking at the log for other handles' commits at most every ``min_interval`` s."""
         source = self._source
         if self._planner.finite:
             raise ArgumentError("refresh applies to streams with replacement (not finite passes)")
         if not callable(getattr(source.collection, "refresh", None)):
             raise ArgumentError("refresh: this stream reads a pinned view; build it on a Dataset to follow commits")
-        followed = self._writer_followed()
+        followed = self._writer_followed(min_interval)
         if followed is not None:
             return self._take_pending(*followed)
-        snap = source.collection.refresh().snapshot()
+        follow = getattr(source.collection, "_follow", None)
+        snap = (source.collection.refresh() if follow is None else follow(min_interval)).snapshot()
         if snap.version == source.snap.version:
             return False
         self.close()  # prefetched batches were planned on the old index
@@ -429,7 +441,7 @@ class SegmentStream:
         self._state = self._planner.state()
         return True
 
-    def _writer_followed(self) -> tuple[Any, Any] | None:
+    def _writer_followed(self, min_interval: float) -> tuple[Any, Any] | None:
         """``(snapshot, writer)`` when :meth:`refresh` samples the Dataset's uncommitted episodes without a commit.
 
         That is a plain uniform stream (no ``where``, ``filter``, weights,
@@ -446,7 +458,7 @@ class SegmentStream:
             return None
         if type(self._planner.sampler) is not UniformSampler or isinstance(self.index, AnchorIndex):
             return None
-        snap, sink = unflushed()
+        snap, sink = unflushed(min_interval)
         if sink is None:
             return snap, None
         key = (snap.version, sink.schema)  # a gate changes with a commit (stored checks) or a schema
@@ -511,12 +523,16 @@ class SegmentStream:
             # a state names a committed version: the uncommitted episodes this stream samples are committed first
             self._source.collection.snapshot()
             self.refresh()
-        state = copy.deepcopy(self._state)
+        state = copy.deepcopy(self._resume_point())
         state["version"] = self.version
         if self.prioritized:
             state.update(cast(PrioritizedSampler, self._planner.sampler).priority_state())
         state["lineage"] = self.lineage()
         return state
+
+    def _resume_point(self) -> dict[str, Any]:
+        """The planner's state after the last returned batch (``_state`` None: the planner is there now)."""
+        return self._planner.state() if self._state is None else self._state
 
     def lineage(self) -> dict[str, Any]:
         """What rebuilds this stream on any node (``el.stream_from_state``): plain JSON values, never credentials.
@@ -559,7 +575,7 @@ class SegmentStream:
             self._prefetcher.stop()
             self._prefetcher = None
             # prefetched batches were consumed by the planner: rewind to what was returned
-            self._planner.load(self._state)
+            self._planner.load(self._resume_point())
 
     def __enter__(self) -> SegmentStream:
         return self

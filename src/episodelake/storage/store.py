@@ -21,6 +21,7 @@ import contextlib
 import json
 import os
 import platform
+import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
@@ -127,6 +128,7 @@ class Store:
         self.load_schema()
         self.read_only = read_only or pinned
         self.pinned = pinned
+        self._polled = -float("inf")  # time.monotonic() of the last look at the log
         self.context: ts.Context = make_context(durable=durable, cache_bytes=cache_bytes)
         self._subscribers: list[weakref.WeakMethod[Callable[[], None]]] = []
         capacity = descriptor.get("capacity")
@@ -253,8 +255,17 @@ class Store:
         """The table version this store is pinned to."""
         return self.table.version
 
-    def refresh(self) -> None:
-        """Move to the latest committed version (nothing at a pinned past version), and to its schema."""
+    def refresh(self, min_interval: float = 0.0) -> None:
+        """Move to the latest committed version (nothing at a pinned past version), and to its schema.
+
+        ``min_interval`` (seconds): look at the log only if the last look is
+        at least that old (a stream following commits polls before every
+        batch; this store's own commits move it without a look).
+        """
+        now = time.monotonic()
+        if min_interval and now - self._polled < min_interval:
+            return
+        self._polled = now
         if not self.pinned:
             before = self.table.version
             self.table.refresh()
