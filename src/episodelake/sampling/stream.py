@@ -150,7 +150,8 @@ class SegmentStream:
         drop_last: in finite passes, drop a last batch smaller than ``batch_size``.
         follow: before each batch, take in the episodes committed since
             (:meth:`refresh`: one check of the table's log when nothing
-            changed); streams with replacement on a Dataset only.
+            changed, at most every :data:`FOLLOW_POLL_S` for other handles'
+            commits); streams with replacement on a Dataset only.
         transform: field key -> :class:`~episodelake.transforms.FrameTransform`
             (crop/resize/normalize/layout of camera frames) or a callable on
             the field's batch array, applied as each batch is assembled.
