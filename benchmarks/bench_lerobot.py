@@ -14,11 +14,20 @@ a LeRobot v3 dataset (``LeRobotDataset.create`` + ``add_frame`` +
   frames decoded once, stored raw), ``segment_stream(L, batch_size=B,
   prefetch=0).sample()``;
 * episodelake, each ``--codec`` (e.g. ``jpeg`` or ``video:h264@76``): imported
-  with ``camera_options={"codec": ..., "quality": ...}``, same sampling;
+  with ``camera_options={"codec": ..., "quality": ...}``, same sampling. Those
+  frames were decoded from LeRobot's video, so they carry its loss and then
+  their own: their PSNR cannot reach LeRobot's;
+* episodelake, each ``--codec`` again, encoded from the rendered frames
+  LeRobot's writer got (the imported episodes with the rendered frames in
+  place of the decoded ones, written by ``Dataset.from_episodes``: the same
+  schema, steps and meta), same sampling: the rows to compare with LeRobot's
+  bytes and PSNR;
 * LeRobot loader on ``to_lerobot``'s export of the imported dataset.
 
-Printed per row: bytes per frame (camera storage only), PSNR against the
-rendered frames, write/import frames/s, segments/s, and ratios to LeRobot.
+Printed per row: bytes per frame (camera storage only) and as a multiple of
+LeRobot's, PSNR against the rendered frames, write/import frames/s,
+segments/s, and the warm ratio to LeRobot; then the fastest rendered row that
+keeps at least LeRobot's PSNR within 1.5x its bytes.
 
     python benchmarks/bench_lerobot.py --frames 3000 --size 96 --seconds 10
 """
@@ -49,6 +58,8 @@ from episodelake.exporters.lerobot import to_lerobot  # noqa: E402
 from episodelake.importers import import_dataset  # noqa: E402
 
 CAMERA = "observation.images.top"
+FIELD = "observation/images/top"  # the imported field of CAMERA
+BYTES_LIMIT = 1.5  # bytes per frame, as a multiple of LeRobot's, a codec row may store to stand beside it
 
 
 def render(frames: int, size: int, episode_length: int) -> list[dict[str, np.ndarray]]:
@@ -88,6 +99,15 @@ def lerobot_peer(python: Path, root: Path, args: argparse.Namespace, work: Path)
     return json.loads(out.read_text()), frames
 
 
+def el_row(
+    ds: el.Dataset, dst: Path, rendered: np.ndarray, args: argparse.Namespace
+) -> tuple[int, float, float, float]:
+    """Camera bytes, PSNR against the ``rendered`` frames, cold and warm segments/s of dataset ``ds`` at ``dst``."""
+    cold, warm = el_rates(ds, args)
+    tensors = sum(tree_bytes(p) for p in dst.glob("tensors/*/observation/images/top"))
+    return tensors or tree_bytes(dst / "tensors"), psnr(el_frames(ds), rendered), cold, warm
+
+
 def el_rates(ds: el.Dataset, args: argparse.Namespace) -> tuple[float, float]:
     """Segments/s of the first batch (cold: a freshly opened dataset) and of the batches after it (warm)."""
     stream = el.Dataset.open(ds.location.url, read_only=True).segment_stream(
@@ -101,6 +121,30 @@ def el_rates(ds: el.Dataset, args: argparse.Namespace) -> tuple[float, float]:
         stream.sample()
         segments += args.B
     return cold, segments / (time.perf_counter() - start)
+
+
+def el_rendered(imported: el.Dataset, frames: list[np.ndarray], options: dict[str, object], dst: Path) -> el.Dataset:
+    """``imported``'s episodes with each episode's rendered ``frames`` (by its ``source_episode``) in place of the
+    frames decoded from LeRobot's video, written by episodelake's bulk writer with the camera field's ``options``."""
+    schema = el.DatasetSchema(
+        el.FieldSpec.from_json({**f.to_json(), **options}) if f.key == FIELD else f for f in imported.schema
+    )
+    episodes = []
+    for ref in imported.episodes():
+        seg = ref.read()
+        observations = {f.name: seg.data[f.key] for f in schema.role_fields("observation")}
+        observations[schema[FIELD].name] = frames[ref.meta["source_episode"]][: len(seg.data[FIELD])]
+        episodes.append(
+            {
+                "observations": observations,
+                "actions": seg.data["action"],
+                "rewards": seg.data["reward"],
+                "terminated": ref.terminated,
+                "truncated": ref.truncated,
+                "meta": ref.meta,
+            }
+        )
+    return el.Dataset.from_episodes(episodes, str(dst), schema)
 
 
 def el_frames(ds: el.Dataset) -> np.ndarray:
@@ -161,9 +205,9 @@ def main() -> None:
                 "LeRobot (its writer, its loader)",
                 tree_bytes(lr_root / "videos"),
                 psnr(peer_frames, rendered),
-                len(rendered) / (time.perf_counter() - start),
                 peer["cold"],
                 peer["warm"],
+                len(rendered) / (time.perf_counter() - start),
             )
         )
         variants = [("episodelake raw (imported)", {})]
@@ -174,19 +218,25 @@ def main() -> None:
                 options["quality"] = int(quality[0])
             if args.chunk_rows:
                 options["chunk_rows"] = args.chunk_rows
-            variants.append((f"episodelake {codec} (imported)", options))
+            variants.append((codec, options))
         imported = None
         for name, options in variants:
             dst = work / f"el-{len(rows)}"
             start = time.perf_counter()
             ds = import_dataset("lerobot", lr_root, str(dst), camera_options=options, progress=False)
             write = len(rendered) / (time.perf_counter() - start)
-            cold, warm = el_rates(ds, args)
-            tensors = sum(tree_bytes(p) for p in dst.glob("tensors/*/observation/images/top"))
-            tensors = tensors or tree_bytes(dst / "tensors")
-            rows.append((name, tensors, psnr(el_frames(ds), rendered), write, cold, warm))
+            rows.append(
+                (f"episodelake {name} (imported)" if options else name, *el_row(ds, dst, rendered, args), write)
+            )
             imported = imported or ds
         assert imported is not None
+        frames = [ep["frames"] for ep in episodes]
+        for name, options in variants[1:]:
+            dst = work / f"el-{len(rows)}"
+            start = time.perf_counter()
+            ds = el_rendered(imported, frames, options, dst)
+            write = len(rendered) / (time.perf_counter() - start)
+            rows.append((f"episodelake {name} (rendered)", *el_row(ds, dst, rendered, args), write))
         export = to_lerobot(imported, work / "export", vcodec=args.vcodec)
         peer, peer_frames = lerobot_peer(python, export, args, work)
         rows.append(
@@ -194,20 +244,31 @@ def main() -> None:
                 "LeRobot loader on to_lerobot export",
                 tree_bytes(export / "videos"),
                 psnr(peer_frames, rendered),
-                float("nan"),
                 peer["cold"],
                 peer["warm"],
+                float("nan"),
             )
         )
         print(f"{len(rendered)} frames {args.size}x{args.size} (Reacher-v5), {args.vcodec}, B={args.B} L={args.L}")
-        header = f"{'system':38s} {'bytes/frame':>11s} {'PSNR dB':>8s} {'write f/s':>10s} {'cold seg/s':>10s}"
-        print(header + f" {'warm seg/s':>10s} {'x LeRobot':>9s}")
-        base = rows[0][5]
-        for name, size, quality, write, cold, warm in rows:
+        header = f"{'system':38s} {'bytes/frame':>11s} {'x bytes':>7s} {'PSNR dB':>8s} {'write f/s':>10s}"
+        print(header + f" {'cold seg/s':>10s} {'warm seg/s':>10s} {'x LeRobot':>9s}")
+        base_bytes, base_psnr, base = rows[0][1], rows[0][2], rows[0][4]
+        for name, size, quality, cold, warm, write in rows:
             print(
-                f"{name:38s} {size / len(rendered):11.0f} {quality:8.1f} {write:10.0f} {cold:10.1f} {warm:10.1f}"
-                f" {warm / base:9.2f}"
+                f"{name:38s} {size / len(rendered):11.0f} {size / base_bytes:7.2f} {quality:8.1f} {write:10.0f}"
+                f" {cold:10.1f} {warm:10.1f} {warm / base:9.2f}"
             )
+        fair = [
+            r for r in rows if r[0].endswith("(rendered)") and r[2] >= base_psnr and r[1] <= BYTES_LIMIT * base_bytes
+        ]
+        if fair:
+            best = max(fair, key=lambda r: r[4])
+            print(
+                f"fastest rendered row with >= LeRobot's PSNR ({base_psnr:.1f} dB) at <= {BYTES_LIMIT}x its bytes:"
+                f" {best[0]}, {best[4] / base:.2f}x LeRobot's warm rate"
+            )
+        else:
+            print(f"no rendered row keeps >= LeRobot's PSNR ({base_psnr:.1f} dB) at <= {BYTES_LIMIT}x its bytes")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -39,10 +39,10 @@ import os
 import struct
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -205,77 +205,77 @@ def encode_segment(codec: str, quality: int, layout: str, first: int, frames: np
     return _SEGMENT.pack(_MAGIC, first, len(hwc), len(packets)) + sizes + b"".join(packets)
 
 
+class ChunkDecoder(Protocol):
+    """Decodes one stored inner chunk (see :func:`chunk_decoder`)."""
+
+    def __call__(self, blob: bytes, stop: int | None = None) -> np.ndarray:
+        """The chunk's rows from row 0 as an array of its shape but the first axis: at least its first ``stop``
+        rows (all of them when None); only a video chunk stops early (its frames after ``stop`` undecoded), so
+        the length of the result, not ``stop``, says which rows it holds."""
+        ...
+
+
 # (pid, thread) -> that thread's video decoding parts. Never freed: a thread-local would be freed in a forked
 # child for the parent's pool threads, and freeing a scaler whose slice threads did not survive fork hangs.
 _DECODING: dict[tuple[int, int], _VideoParts] = {}
-_TALL_SHAPES = 8  # tall frames a thread keeps, by shape (a batch reads a handful of chunk shapes)
 
 
 class _VideoParts:
-    """One thread's reusable video decoding parts, so a chunk opens nothing and converts colour in one call.
+    """One thread's reusable video decoding parts, so a chunk opens nothing.
 
     * decoders by (name, height, width): a chunk is one closed GOP, so after
-      its frames are drained a flushed decoder decodes the next chunk as a
-      fresh one would (opening libdav1d per chunk cost about as much as
-      decoding a small chunk's frames);
-    * one YUV -> RGB converter, which keeps its scaler between calls;
-    * tall yuv420p frames: a segment's frames are stacked into one and
-      converted in one scaler call instead of one per frame. The
-      conversion is row-local (a 4:2:0 chroma row serves two luma rows and
-      every frame height is even), so each frame converts bit for bit as on
-      its own.
+      its frames are drained (or decoding stopped at the last frame wanted)
+      a flushed decoder decodes the next chunk as a fresh one would (opening
+      libdav1d per chunk cost about as much as decoding a small chunk's
+      frames);
+    * YUV -> RGB converters by frame size: a converter keeps its scaler
+      while the size stays (a new size rebuilds it, several times one
+      frame's conversion), and converts on one thread (the pool already
+      converts chunks in parallel; swscale's slice threads cost more than
+      they save on small frames). Its frames are bit for bit those of
+      ``VideoFrame.to_ndarray(format="rgb24")``.
     """
 
     def __init__(self, av: Any) -> None:
         from av.video.reformatter import VideoReformatter
 
         self.av = av
-        self.reformat = VideoReformatter().reformat
+        self.converter = VideoReformatter
         self.decoders: dict[tuple[str, int, int], Any] = {}
-        self.tall: OrderedDict[tuple[int, int, int], tuple[Any, list[np.ndarray]]] = OrderedDict()
+        self.converters: dict[tuple[int, int], Any] = {}
 
-    def decode(self, name: str, h: int, w: int, packets: list[bytes]) -> list[Any]:
-        """The frames of one closed GOP's ``packets``; the decoder is dropped if they fail to decode."""
+    def decode(self, name: str, h: int, w: int, packets: Iterator[memoryview], want: int) -> list[Any]:
+        """The first ``want`` frames of one closed GOP's ``packets`` (fewer only if the GOP holds fewer),
+        packets fed only until that many are out; the decoder is dropped if they fail to decode.
+
+        Stopping early returns the same frames as a whole decode: a frame
+        depends only on the packets before it in decode order, and the
+        decoder is flushed either way before the next GOP.
+        """
         key = (name, h, w)
         ctx = self.decoders.pop(key, None)
         if ctx is None:
             ctx = self.av.CodecContext.create(name, "r")
             ctx.thread_count = 1  # chunks are decoded in parallel by the pool
         frames: list[Any] = []
-        for packet in [*packets, None]:  # None drains the frames held back for reordering
-            frames += ctx.decode(None if packet is None else self.av.Packet(packet))
-        ctx.flush_buffers()  # out of draining: ready for the next GOP
+        for packet in packets:
+            frames += ctx.decode(self.av.Packet(packet))
+            if len(frames) >= want:
+                break
+        else:
+            frames += ctx.decode(None)  # drains the frames held back for reordering
+        ctx.flush_buffers()  # out of draining (or mid-GOP): ready for the next GOP
         self.decoders[key] = ctx
-        return frames
+        return frames[:want]
 
     def to_rgb(self, frames: list[Any], out: np.ndarray) -> None:
-        """Write decoded yuv420p ``frames`` (all one size) as RGB into ``out`` (``len(frames)`` frames,
-        cropped to its height and width)."""
-        if not frames:
-            return
-        fh, fw = frames[0].height, frames[0].width
-        if any(f.format.name != "yuv420p" or (f.height, f.width) != (fh, fw) for f in frames):
-            raise ValueError("video frames are not all yuv420p of one size")
-        tall, planes = self._tall(len(frames), fh, fw)
-        for i, frame in enumerate(frames):
-            for dst, src, div in zip(planes, frame.planes, (1, 2, 2), strict=True):
-                rows, cols = fh // div, fw // div
-                dst[i * rows : (i + 1) * rows, :cols] = np.frombuffer(src, np.uint8).reshape(rows, -1)[:, :cols]
-        rgb = self.reformat(tall, format="rgb24", src_colorspace=frames[0].colorspace).to_ndarray()
-        out[:] = rgb.reshape(len(frames), fh, fw, 3)[:, : out.shape[1], : out.shape[2]]
-
-    def _tall(self, n: int, h: int, w: int) -> tuple[Any, list[np.ndarray]]:
-        """A yuv420p frame of ``n`` frames of ``h`` x ``w`` stacked, and its planes as writable arrays."""
-        key = (n, h, w)
-        found = self.tall.pop(key, None)
-        if found is None:
-            tall = self.av.VideoFrame(w, n * h, "yuv420p")
-            rows = (n * h, n * h // 2, n * h // 2)
-            found = (tall, [np.frombuffer(p, np.uint8).reshape(r, -1) for p, r in zip(tall.planes, rows, strict=True)])
-        self.tall[key] = found
-        if len(self.tall) > _TALL_SHAPES:
-            self.tall.popitem(last=False)
-        return found
+        """Write decoded ``frames`` (of the size of the chunk's decoder) as RGB into ``out`` (``len(frames)``
+        frames, cropped to its height and width)."""
+        for frame, dst in zip(frames, out, strict=True):
+            reformat = self.converters.get((frame.height, frame.width))
+            if reformat is None:
+                reformat = self.converters[frame.height, frame.width] = self.converter().reformat
+            dst[:] = reformat(frame, format="rgb24", threads=1).to_ndarray()[: dst.shape[0], : dst.shape[1]]
 
 
 def _video_parts(av: Any) -> _VideoParts:
@@ -286,7 +286,7 @@ def _video_parts(av: Any) -> _VideoParts:
     return _DECODING[key]
 
 
-def _video_decoder(conf: dict[str, Any], chunk_shape: tuple[int, ...]) -> Callable[[bytes], np.ndarray]:
+def _video_decoder(conf: dict[str, Any], chunk_shape: tuple[int, ...]) -> ChunkDecoder:
     av = _av()
     layout = conf.get("layout", "HWC")
     decoder = {"h264": "h264", "av1": "libdav1d"}.get(conf.get("codec", ""))
@@ -296,22 +296,28 @@ def _video_decoder(conf: dict[str, Any], chunk_shape: tuple[int, ...]) -> Callab
     h, w = frame_shape[:2]
 
     def segment(blob: memoryview, at: int, out: np.ndarray) -> int:
+        """Decode the segment at byte ``at`` into the frames of ``out`` (the chunk's first ``len(out)``) it
+        holds, stopping at the last of them; return where the next segment starts."""
         magic, first, n, count = _SEGMENT.unpack_from(blob, at)
-        if magic != _MAGIC or first + n > len(out):
-            raise ValueError(f"not a video segment (frames {first}..{first + n} of a {len(out)}-frame chunk)")
-        at += _SEGMENT.size
-        at += 4 * count
+        if magic != _MAGIC or first + n > chunk_shape[0]:
+            raise ValueError(f"not a video segment (frames {first}..{first + n} of a {chunk_shape[0]}-frame chunk)")
+        at += _SEGMENT.size + 4 * count
         ends = (at + np.cumsum(np.frombuffer(blob, "<u4", count, at - 4 * count), dtype=np.int64)).tolist()
-        packets = [bytes(blob[a:b]) for a, b in zip([at, *ends][:-1], ends, strict=True)]
-        parts = _video_parts(av)
-        frames = parts.decode(decoder, h + h % 2, w + w % 2, packets)
-        if len(frames) != n:
-            raise ValueError(f"video segment decodes to {len(frames)} frames, expected {n}")
-        parts.to_rgb(frames, out[first : first + n])
+        want = min(n, len(out) - first)
+        if want > 0:
+            parts = _video_parts(av)
+            packets = (blob[a:b] for a, b in zip([at, *ends][:-1], ends, strict=True))
+            frames = parts.decode(decoder, h + h % 2, w + w % 2, packets, want)
+            if len(frames) != want:
+                raise ValueError(f"video segment decodes to {len(frames)} frames, expected {want}")
+            if any((f.height, f.width) != (h + h % 2, w + w % 2) for f in frames):
+                raise ValueError(f"video segment decodes to frames of another size than {h} x {w}")
+            parts.to_rgb(frames, out[first : first + want])
         return ends[-1] if ends else at
 
-    def run(blob: bytes) -> np.ndarray:
-        out = np.zeros((chunk_shape[0], *frame_shape), np.uint8)
+    def run(blob: bytes, stop: int | None = None) -> np.ndarray:
+        rows = chunk_shape[0] if stop is None else min(stop, chunk_shape[0])
+        out = np.zeros((rows, *frame_shape), np.uint8)
         view, at = memoryview(blob), 0
         while at < len(view):  # later segments (appended) overwrite frames they share with earlier ones
             at = segment(view, at, out)
@@ -369,10 +375,9 @@ def _image_decoder(codec: str, layout: str, shape: tuple[int, ...]) -> Callable[
     return run
 
 
-def chunk_decoder(
-    codecs: Sequence[dict[str, Any]], chunk_shape: tuple[int, ...], dtype: np.dtype
-) -> Callable[[bytes], np.ndarray]:
-    """Decoder of one inner chunk stored with the Zarr v3 ``codecs`` (what we write): bytes -> ``chunk_shape`` array.
+def chunk_decoder(codecs: Sequence[dict[str, Any]], chunk_shape: tuple[int, ...], dtype: np.dtype) -> ChunkDecoder:
+    """Decoder of one inner chunk stored with the Zarr v3 ``codecs`` (what we write): bytes -> ``chunk_shape``
+    array, or with ``stop`` its first rows (:class:`ChunkDecoder`).
 
     ``ValueError`` for a chain we never write (the message names it). The
     decoder raises ``ValueError`` for bytes that do not decode to the chunk.
@@ -383,9 +388,9 @@ def chunk_decoder(
     if names == ["episodelake_video"]:
         video = _video_decoder(codecs[0].get("configuration") or {}, chunk_shape)
 
-        def chunk(blob: bytes) -> np.ndarray:
+        def chunk(blob: bytes, stop: int | None = None) -> np.ndarray:
             try:
-                return video(blob)
+                return video(blob, stop)
             except Exception as exc:  # PyAV raises its own error types, struct and NumPy theirs for short bytes
                 raise ValueError(f"undecodable video chunk: {exc}") from exc
 
@@ -397,7 +402,7 @@ def chunk_decoder(
             raise ValueError(f"codecs {names} are not episodelake's")
         image = _image_decoder(codec, conf.get("layout", "HWC"), chunk_shape)
 
-        def lossy(blob: bytes) -> np.ndarray:
+        def lossy(blob: bytes, stop: int | None = None) -> np.ndarray:
             try:
                 frame = image(blob)
             except Exception as exc:  # imagecodecs raises its own per-codec error types
@@ -419,7 +424,7 @@ def chunk_decoder(
     elif names[1:] == ["blosc"]:
         inflate = partial(optional("imagecodecs").blosc_decode, numthreads=1)
 
-    def lossless(blob: bytes) -> np.ndarray:
+    def lossless(blob: bytes, stop: int | None = None) -> np.ndarray:
         raw: Any = blob
         if inflate is not None:
             try:

@@ -151,9 +151,10 @@ class PlainArray:
 
         Raw rows (the plain ``bytes`` codec) with no cache: only the rows
         used, one range per run and chunk. Otherwise whole inner chunks (the
-        unit a cache can reuse), each fetched and decoded once per batch; raw
-        chunks from the disk cache stay mapped (:attr:`_views`) and are read
-        without asking the cache again.
+        unit a cache can reuse), each fetched and decoded once per batch, up
+        to the last row the batch needs from it (:attr:`_Plan.upto`: a video
+        chunk stops decoding there); raw chunks from the disk cache stay
+        mapped (:attr:`_views`) and are read without asking the cache again.
         """
         R, row_bytes = self.chunk_rows, self.field.step_bytes
         rows_only = self.plain and not self.fetcher.caching
@@ -177,7 +178,7 @@ class PlainArray:
                     continue
                 path, start, stop = self._chunk_range(c, eid)
                 hit = None if self.plain else codecs.decoded_cache.get(self._decoded_key(path, start, stop, stats))
-                if hit is not None:
+                if hit is not None and len(hit) >= r + k:  # a video chunk's entry may hold only its first frames
                     plan.views.append(hit)
                     plan.copies.append((self, len(plan.views) - 1, _VIEW, at, r, k, eid, c))
                     continue
@@ -189,6 +190,7 @@ class PlainArray:
                 else:
                     if c not in slots:
                         slots[c] = plan.add((path, start, stop), True)
+                    plan.upto[slots[c]] = max(plan.upto.get(slots[c], 0), r + k)
                     plan.copies.append((self, slots[c], _CHUNK, at, r, k, eid, c))
 
     def _plan_frames(
@@ -241,8 +243,9 @@ class PlainArray:
         return (path, start, stop, st.st_mtime_ns, st.st_size)
 
     def _keep_view(self, c: int, chunk: np.ndarray) -> None:
-        """Keep decoded chunk ``c`` in the decoded-chunk cache, or raw chunk ``c`` (a view of a disk-cache
-        entry's mapping) for later batches."""
+        """Keep decoded chunk ``c`` in the decoded-chunk cache (a video chunk's first frames, as many as were
+        decoded: the entry's length says which), or raw chunk ``c`` (a view of a disk-cache entry's mapping)
+        for later batches."""
         if self.by_shard:
             key = self._decoded_key(self._chunk_path(c), None, None)
             shard = codecs.decoded_cache.get(key)
@@ -254,7 +257,12 @@ class PlainArray:
             shard.frames[c % self.per_shard] = chunk[0]
             shard.filled[c % self.per_shard] = True
         elif not self.plain:
-            codecs.decoded_cache.put(self._decoded_key(*self._chunk_range(c, -1)), chunk)
+            if chunk.nbytes > codecs.decoded_cache.limit:
+                return  # the cache could not keep it: no key to build (a stat of the file)
+            key = self._decoded_key(*self._chunk_range(c, -1))
+            kept = codecs.decoded_cache.get(key)
+            if kept is None or len(kept) < len(chunk):  # never a chunk's first frames over more of them
+                codecs.decoded_cache.put(key, chunk)
         elif self.fetcher.disk is not None:
             if len(self._views) >= MAX_VIEWS:
                 self._views.clear()
@@ -282,6 +290,7 @@ class _Plan:
         self.ranges: list[Range] = []
         self.cache: list[bool] = []
         self.views: list[np.ndarray] = []
+        self.upto: dict[int, int] = {}  # slot of a chunk to decode -> rows of it the batch needs, from its first
         # (array, slot in ranges or views, kind, dst row, first row in the chunk, rows, episode id, chunk)
         self.copies: list[tuple[PlainArray, int, int, int, int, int, int, int]] = []
 
@@ -316,7 +325,7 @@ def copy_runs_many(items: Sequence[tuple[PlainArray, Sequence[Run]]], out: np.nd
     chunks = list({slot: (arr, c) for arr, slot, kind, _, _, _, _, c in plan.copies if kind == _CHUNK}.items())
     if chunks:
         pooled = len(chunks) > 1 and not all(arr.plain for _, (arr, _) in chunks)
-        jobs = [(arr, blobs[slot]) for slot, (arr, _) in chunks]
+        jobs = [(arr, blobs[slot], plan.upto.get(slot)) for slot, (arr, _) in chunks]
         results = (codecs.codec_pool().map if pooled else map)(_decode_or_error, jobs)
         for (slot, (arr, c)), got in zip(chunks, results, strict=True):
             decoded[slot] = got
@@ -337,10 +346,10 @@ def copy_runs_many(items: Sequence[tuple[PlainArray, Sequence[Run]]], out: np.nd
             out[dst : dst + k] = got[r : r + k]
 
 
-def _decode_or_error(job: tuple[PlainArray, np.ndarray]) -> np.ndarray | ValueError:
-    arr, blob = job
+def _decode_or_error(job: tuple[PlainArray, np.ndarray, int | None]) -> np.ndarray | ValueError:
+    arr, blob, upto = job
     try:
-        return arr.decode(cast(bytes, blob))  # any buffer decodes; the ndarray avoids a copy
+        return arr.decode(cast(bytes, blob), upto)  # any buffer decodes; the ndarray avoids a copy
     except ValueError as exc:
         return exc
 
