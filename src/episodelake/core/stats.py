@@ -222,7 +222,7 @@ class _Piece:
         if at is not None and self.slot is not None:
             at = self.slot[at]
         parts = self.values if at is None else [np.take(v, at, axis=0) for v in self.values]
-        return np.stack([ufunc.reduce(v, axis=0) for ufunc, v in zip(_MERGES, parts, strict=True)])
+        return np.stack([_fold(ufunc, v) for ufunc, v in zip(_MERGES, parts, strict=True)])
 
     def totals(self) -> tuple[int, np.ndarray]:
         """The piece's count and parts ``[part, channel]`` over all its rows, reduced once; a piece without
@@ -242,6 +242,25 @@ class _Piece:
 
 
 _MERGES = (np.add, np.add, np.minimum, np.maximum)  # how each of STAT_PARTS[1:] merges
+
+
+def _fold(ufunc: np.ufunc, values: np.ndarray) -> np.ndarray:
+    """``ufunc.reduce(values, axis=0)`` of ``[rows, channel]`` values (at least one row), by halving the rows.
+
+    NumPy reduces a C-ordered array along its first axis one row at a time,
+    an inner loop as short as the channels: 4-7x slower, for a few channels,
+    than these ``log2(rows)`` passes over contiguous halves. A sum so taken is
+    pairwise, so also more accurate.
+    """
+    if values.shape[1] == 1:  # one channel: NumPy's reduce is already contiguous
+        return ufunc.reduce(values, axis=0)
+    while len(values) > 1:
+        half = len(values) // 2
+        folded = ufunc(values[:half], values[half : 2 * half])
+        if len(values) % 2:
+            folded[0] = ufunc(folded[0], values[-1])
+        values = folded
+    return values[0]
 
 
 def values_moments(f: FieldSpec, values: np.ndarray) -> dict[str, Any]:

@@ -185,8 +185,8 @@ class _SnapshotSQL:
             if self._episode_values is None:
                 table = self.snap.scan().table
                 returns = table.column("return").combine_chunks()
-                self._episode_values = (
-                    table.column("length").to_numpy(),
+                self._episode_values = (  # views of the combined Arrow buffers, no second copy
+                    table.column("length").combine_chunks().to_numpy(zero_copy_only=False),
                     returns.to_numpy(zero_copy_only=False),
                     returns.is_valid().to_numpy(zero_copy_only=False),
                 )

@@ -27,6 +27,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
+import pyarrow.fs as pafs
 import tensorstore as ts
 
 from ..core import lifecycle
@@ -141,12 +142,17 @@ class IndexScan:
     def rows_of_files(self, files: np.ndarray) -> list[np.ndarray]:
         """The scan rows of each table file in ``files``, in the file's own row order."""
         by_file, starts = self._by_file
+        if by_file is None:
+            return [np.arange(starts[j], starts[j + 1]) for j in files]
         return [by_file[starts[j] : starts[j + 1]] for j in files]
 
     @cached_property
-    def _by_file(self) -> tuple[np.ndarray, np.ndarray]:
+    def _by_file(self) -> tuple[np.ndarray | None, np.ndarray]:
+        """The scan rows sorted by file (None: they are already) and where each file's rows start."""
         counts = np.bincount(self.file, minlength=len(self.fragments))
-        return np.argsort(self.file, kind="stable"), np.concatenate([[0], np.cumsum(counts)])
+        # a scan reads its files in turn, so its rows are grouped by file unless it grew after a removal
+        grouped = bool((self.file[1:] >= self.file[:-1]).all())
+        return None if grouped else np.argsort(self.file, kind="stable"), np.concatenate([[0], np.cumsum(counts)])
 
 
 @dataclass(frozen=True)
@@ -431,17 +437,17 @@ class Snapshot:
 
         One scan of those files only, streamed: ``(scan rows, their columns)``
         one record batch at a time (rows of one file, increasing), so the
-        whole read is never held in memory. Damage, or a file whose row count
-        changed since the index scan, raises CorruptionError.
+        whole read is never held in memory. Local files are memory-mapped
+        (:func:`_mapped`). Damage, or a file whose row count changed since the
+        index scan, raises CorruptionError.
         """
         scan = self.scan()
         rows = np.concatenate([np.empty(0, np.int64), *scan.rows_of_files(files)])
-        whole = self.arrow_dataset()
-        fragments = [scan.fragments[j] for j in files]
-        picked = pads.FileSystemDataset(fragments, whole.schema, whole.format, whole.filesystem)
+        picked = _mapped(self.arrow_dataset(), [scan.fragments[j] for j in files])
         start = 0
         try:
-            for batch in picked.to_batches(columns=columns, filter=self._visible):  # file order, each file's rows
+            batches = picked.to_batches(columns=columns, filter=self._visible, memory_pool=_read_pool())
+            for batch in batches:  # file order, each file's rows
                 piece = rows[start : start + batch.num_rows]
                 start += batch.num_rows
                 if len(piece) == batch.num_rows:
@@ -742,6 +748,43 @@ class Snapshot:
         if zlib.crc32(np.ascontiguousarray(rows).data) != int(self.index[f"crc/{f.key}"][p]):
             raise CorruptionError(f"{where} fail their CRC-32 check")
         self._verified.add((f.key, p))
+
+
+def _read_pool() -> pa.MemoryPool:
+    """The memory pool of :meth:`Snapshot.read_files`: jemalloc where pyarrow has it, else the default.
+
+    pyarrow's default mimalloc pool asks for transparent huge pages; where
+    memory is fragmented (after the index scan), each 2 MiB fault of a large
+    read waits for the kernel to compact memory: reading the statistics of
+    250k episodes (150 MB decoded) spent 0.5-0.6 s in the kernel from
+    mimalloc, 0.1-0.2 s from jemalloc's 4 KiB pages.
+    """
+    try:
+        return pa.jemalloc_memory_pool()
+    except NotImplementedError:
+        return pa.default_memory_pool()
+
+
+def _mapped(whole: pads.Dataset, fragments: list[pads.Fragment]) -> pads.Dataset:
+    """``fragments`` of ``whole`` as one dataset, read through memory maps when they are local files.
+
+    Read into memory instead, each column chunk is first copied out of the
+    page cache into fresh buffers: reading the statistics of 250k episodes
+    (150 MB) took 0.5-0.7 s that way, mostly in the kernel, against 0.14-0.27 s
+    mapped. Decoded arrays never point into the mapping, and table files are
+    immutable, so a mapping never sees one change.
+    """
+    fs = whole.filesystem
+    if not (isinstance(fs, pafs.SubTreeFileSystem) and isinstance(fs.base_fs, pafs.LocalFileSystem)):
+        return pads.FileSystemDataset(fragments, whole.schema, whole.format, fs)
+    mapped = pafs.SubTreeFileSystem(fs.base_path, pafs.LocalFileSystem(use_mmap=True))
+    # pre-buffering would copy the mapped ranges into buffers again
+    fmt = pads.ParquetFileFormat(
+        read_options=whole.format.read_options,
+        default_fragment_scan_options=pads.ParquetFragmentScanOptions(pre_buffer=False),
+    )
+    picked = [fmt.make_fragment(f.path, mapped, f.partition_expression) for f in fragments]
+    return pads.FileSystemDataset(picked, whole.schema, fmt, mapped)
 
 
 def _extended(values: pa.Table, ids: np.ndarray) -> pa.Table:
