@@ -292,14 +292,29 @@ def test_a_stream_with_tensor_fields_commits_first_and_reads_the_new_rows():
     assert new.any() and (batch.obs[new] == 1).all() and (batch.obs[~new] == 0).all()
 
 
+def commit_one(ds: el.Dataset, tag: int) -> None:
+    """One two-step episode tagged ``tag``, committed by ``ds``."""
+    ds.append_episodes(
+        [
+            {
+                "observations": np.full((3, 3), tag, np.float32),
+                "actions": np.arange(2),
+                "rewards": np.zeros(2, np.float32),
+                "meta": {"tag": tag},
+            }
+        ]
+    )
+    ds.flush()
+
+
 @pytest.mark.parametrize("form", ["writer", "reader"])
 def test_other_handles_commits_seen_within_the_poll_interval(tmp_path, monkeypatch, form):
     """Another handle's commit reaches a following stream at the first batch after ``FOLLOW_POLL_S``.
 
     The interval is set far longer than the test, so the batch right after
     the commit must not see it (the log was looked at moments ago), an
-    explicit ``refresh()`` must, and with the interval at 0 the next batch
-    must. The stream's own Dataset's episodes are seen at once whatever it is.
+    explicit ``refresh()`` must. The own Dataset's episodes are seen at once.
+    must. With it at 1 ns (passed by the next batch), the next batch must.
     """
     from episodelake.sampling import stream as stream_module
 
@@ -313,35 +328,15 @@ def test_other_handles_commits_seen_within_the_poll_interval(tmp_path, monkeypat
     monkeypatch.setattr(stream_module, "FOLLOW_POLL_S", 3600.0)
     stream = followed.segment_stream(el.Window(L), batch_size=64, seed=0, follow=True)
     assert set(stream.sample().meta["tag"].tolist()) == {0}
-    other.append_episodes(
-        [
-            {
-                "observations": np.full((3, 3), 7, np.float32),
-                "actions": np.arange(2),
-                "rewards": np.zeros(2, np.float32),
-                "meta": {"tag": 99},
-            }
-        ]
-    )
-    other.flush()
+    commit_one(other, 99)
     assert 99 not in stream.sample().meta["tag"].tolist()
     if form == "writer":
         rec.episode(4)  # its own writer's episode: sampled without a look at the log
         assert 1 in set(stream.sample().meta["tag"].tolist())
     assert stream.refresh()
     assert 99 in set(stream.sample().meta["tag"].tolist())
-    other.append_episodes(
-        [
-            {
-                "observations": np.full((3, 3), 8, np.float32),
-                "actions": np.arange(2),
-                "rewards": np.zeros(2, np.float32),
-                "meta": {"tag": 98},
-            }
-        ]
-    )
-    other.flush()
-    monkeypatch.setattr(stream_module, "FOLLOW_POLL_S", 0.0)
+    commit_one(other, 98)
+    monkeypatch.setattr(stream_module, "FOLLOW_POLL_S", 1e-9)  # elapsed by the next batch
     assert 98 in set(stream.sample().meta["tag"].tolist())
     stream.close()
     ds.close()
