@@ -313,8 +313,8 @@ def test_other_handles_commits_seen_within_the_poll_interval(tmp_path, monkeypat
 
     The interval is set far longer than the test, so the batch right after
     the commit must not see it (the log was looked at moments ago), an
-    explicit ``refresh()`` must. The own Dataset's episodes are seen at once.
-    must. With it at 1 ns (passed by the next batch), the next batch must.
+    explicit ``refresh()`` must, and with it at 1 ns (passed by the next
+    batch) the next batch must. The own Dataset's episodes are seen at once.
     """
     from episodelake.sampling import stream as stream_module
 
