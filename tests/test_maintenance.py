@@ -15,6 +15,7 @@ import shutil
 import uuid
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 
@@ -124,3 +125,20 @@ def test_vacuum_after_compaction_keeps_the_latest_version(tmp_path):
     ds = check(path)
     assert origins(ds) == [(0, i) for i in range(6)]
     np.testing.assert_array_equal(ds.episode(5).read().reward, episode(0, 5).reward)
+
+
+def test_compacted_files_keep_the_commits_codec(tmp_path):
+    """compact() rewrites table files with Snappy, the codec commits write, not optimize's zstd default."""
+    path = str(tmp_path / "ds")
+    ds = one_commit_per_episode(path, 4)
+    ds.maintenance.compact()
+    files = DeltaTable(os.path.join(path, "episodes")).file_uris()
+    assert len(files) == 2  # one per partition
+    codecs = set()
+    for uri in files:
+        meta = pq.ParquetFile(uri.removeprefix("file://")).metadata
+        codecs |= {
+            meta.row_group(g).column(c).compression for g in range(meta.num_row_groups) for c in range(meta.num_columns)
+        }
+    assert codecs == {"SNAPPY"}
+    assert origins(check(path)) == [(0, i) for i in range(4)]

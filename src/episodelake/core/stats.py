@@ -142,13 +142,15 @@ class StatsTable:
         raises :class:`CorruptionError`.
         """
         channels = f.stat_channels
-        count = _array(tbl.column(stat_column(f, "count"))).fill_null(0).to_numpy()
+        count = _filled(_array(tbl.column(stat_column(f, "count"))), 0).to_numpy()
         valid = count > 0
         cols = [_array(tbl.column(stat_column(f, p))) for p in STAT_PARTS[1:]]
         held = [_held(col) for col in cols]
         listed = held[0] == channels  # rows holding one value per channel (rows without values may hold none)
+        every = bool(listed.all())
+        expected = channels if every else np.where(listed, channels, 0)
         for part, h in zip(STAT_PARTS[1:], held, strict=True):
-            if (h != np.where(listed, channels, 0)).any() or (valid & ~listed).any():
+            if (h != expected).any() or (not every and (valid & ~listed).any()):
                 raise CorruptionError(
                     f"field {f.key!r}: statistics {part!r} do not hold {channels} values for each of the "
                     f"{int(valid.sum())} episodes with values"
@@ -157,15 +159,17 @@ class StatsTable:
             np.asarray(pc.list_flatten(col).to_numpy(zero_copy_only=False), np.float64).reshape(-1, channels)
             for col in cols
         ]
-        slot = None if listed.all() else np.cumsum(listed) - 1  # a listed row's index in the values
+        slot = None if every else np.cumsum(listed) - 1  # a listed row's index in the values
         with self._lock:
             if f.key not in self._pieces:  # untouched pages of the allocations cost no memory
                 self._pieces[f.key] = []
                 self._owner[f.key] = _lazy_zeros((self.rows,), np.int32)
                 self._local[f.key] = _lazy_zeros((self.rows,), np.int32)
             pieces = self._pieces[f.key]
-            self._owner[f.key][rows] = len(pieces)
-            self._local[f.key][rows] = np.arange(len(rows), dtype=np.int32)
+            # a table file's rows are mostly one run of scan rows: a slice, not a scatter
+            at = slice(int(rows[0]), int(rows[-1]) + 1) if len(rows) and rows[-1] - rows[0] == len(rows) - 1 else rows
+            self._owner[f.key][at] = len(pieces)
+            self._local[f.key][at] = np.arange(len(rows), dtype=np.int32)
             pieces.append(_Piece(count, values, slot))
 
     def aggregate(self, f: FieldSpec, rows: np.ndarray) -> dict[str, Any]:
@@ -221,8 +225,13 @@ class _Piece:
         """Parts ``[part, channel]`` merged over the piece's rows ``at`` (rows with values; None: every row)."""
         if at is not None and self.slot is not None:
             at = self.slot[at]
-        parts = self.values if at is None else [np.take(v, at, axis=0) for v in self.values]
-        return np.stack([_fold(ufunc, v) for ufunc, v in zip(_MERGES, parts, strict=True)])
+        if at is None:
+            return np.stack([_fold(ufunc, v) for ufunc, v in zip(_MERGES, self.values, strict=True)])
+        gathered = np.empty((len(at), self.values[0].shape[1]))  # one buffer for every part: fresh pages fault once
+        out = []
+        for ufunc, v in zip(_MERGES, self.values, strict=True):
+            out.append(_fold(ufunc, _take_rows(v, at, gathered), scratch=True).copy())
+        return np.stack(out)
 
     def totals(self) -> tuple[int, np.ndarray]:
         """The piece's count and parts ``[part, channel]`` over all its rows, reduced once; a piece without
@@ -244,23 +253,38 @@ class _Piece:
 _MERGES = (np.add, np.add, np.minimum, np.maximum)  # how each of STAT_PARTS[1:] merges
 
 
-def _fold(ufunc: np.ufunc, values: np.ndarray) -> np.ndarray:
+def _fold(ufunc: np.ufunc, values: np.ndarray, scratch: bool = False) -> np.ndarray:
     """``ufunc.reduce(values, axis=0)`` of ``[rows, channel]`` values (at least one row), by halving the rows.
 
     NumPy reduces a C-ordered array along its first axis one row at a time,
     an inner loop as short as the channels: 4-7x slower, for a few channels,
     than these ``log2(rows)`` passes over contiguous halves. A sum so taken is
-    pairwise, so also more accurate.
+    pairwise, so also more accurate. With ``scratch`` the halves are folded
+    into ``values`` itself (the result is then a view of it); otherwise the
+    first pass allocates half of ``values`` and later passes fold into that.
     """
     if values.shape[1] == 1:  # one channel: NumPy's reduce is already contiguous
         return ufunc.reduce(values, axis=0)
     while len(values) > 1:
         half = len(values) // 2
-        folded = ufunc(values[:half], values[half : 2 * half])
-        if len(values) % 2:
+        folded = ufunc(values[:half], values[half : 2 * half], out=values[:half] if scratch else None)
+        if len(values) % 2:  # the odd last row: rows from 2 * half on are never written by the fold
             folded[0] = ufunc(folded[0], values[-1])
-        values = folded
+        values, scratch = folded, True
     return values[0]
+
+
+def _take_rows(values: np.ndarray, at: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """``values[at]`` of C-ordered ``[rows, channel]`` values, written to ``out``.
+
+    Each row is taken as one opaque item (a void view): 2.5-4x faster than
+    ``np.take(axis=0)``, which copies a row channel by channel; ``clip``
+    skips the buffered copy ``raise`` makes into ``out`` (``at`` is in range).
+    """
+    values = np.ascontiguousarray(values)  # a no-op for the arrays fill() keeps
+    item = np.dtype((np.void, values.shape[1] * values.itemsize))
+    np.take(values.view(item).reshape(-1), at, out=out.view(item).reshape(-1), mode="clip")
+    return out
 
 
 def values_moments(f: FieldSpec, values: np.ndarray) -> dict[str, Any]:
@@ -304,9 +328,15 @@ def _array(col: pa.ChunkedArray) -> pa.Array:
     return col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
 
 
+def _filled(col: pa.Array, value: object) -> pa.Array:
+    """``col`` with NULLs replaced by ``value`` (``col`` itself when it has none: no pass, no copy)."""
+    return col.fill_null(value) if col.null_count else col
+
+
 def _held(col: pa.ListArray) -> np.ndarray:
     """Values held per row of a list column (0 for a NULL row)."""
-    return np.diff(col.offsets.to_numpy()) * col.is_valid().to_numpy(zero_copy_only=False)
+    held = np.diff(col.offsets.to_numpy())
+    return held * col.is_valid().to_numpy(zero_copy_only=False) if col.null_count else held
 
 
 def moments(n: int, total: np.ndarray, sumsq: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> dict[str, Any]:
