@@ -29,8 +29,9 @@ Every measurement runs in a fresh interpreter (one system's threads, e.g.
 zarr's event loop, slow another's torch kernels several-fold when they share a
 process on a small machine). Two regimes: data in the page cache (files read
 once before timing, then sampling for 3 s or one timed pass, whichever is
-longer, which also fills episodelake's resident copies: each chunk read from
-its file once per process), and cold: before each
+longer, and on until the rate stops rising — two 1 s windows in a row no
+more than 5% faster than the best before them, at most 60 s — which also fills episodelake's
+resident copies: each chunk read from its file once per process), and cold: before each
 timed pass every file of the system is dropped from the page cache with
 ``posix_fadvise(DONTNEED)`` (after unmapping it), and the bytes the process
 actually read from storage (``/proc/self/io``) are reported with the rate.
@@ -497,7 +498,7 @@ def measure(system: System, phase: str, seconds: float, cold_batches: int, limit
     sample = system.open()
     if phase == "warm":
         preload(system.root)
-        rate(sample, max(seconds, WARM_UP_S), 3)  # fault in mappings, fill episodelake's resident copies
+        warm_up(sample, max(seconds, WARM_UP_S))  # fault in mappings, fill episodelake's resident copies
         if getattr(system, "mode", "") == "prefetch":  # its thread refills the queue while the bound is timed
             return {"rate": rate(sample, seconds, 5)}
         bound = limit.open()
@@ -515,7 +516,28 @@ def measure(system: System, phase: str, seconds: float, cold_batches: int, limit
 
 
 WINDOWS = 6  # alternating timing windows of a system and the copy limit per warm measurement
-WARM_UP_S = 3.0  # least sampling before a warm measurement (a 1,000-episode resident copy fills in ~2 s)
+WARM_UP_S = 3.0  # least sampling before a warm measurement
+WARM_UP_WINDOW_S = 1.0
+WARM_UP_CAP_S = 60.0  # a 1,000-episode resident copy (2.5 GB) fills in ~11 s on this machine
+
+
+def warm_up(sample: Callable[[], object], least: float) -> None:
+    """Sample for at least ``least`` seconds, then until the rate stops rising (capped at WARM_UP_CAP_S).
+
+    The rate has settled once every mapping is faulted in and every resident
+    copy is filled: two 1 s windows in a row none more than 5% faster than the
+    best before them (two, so one window slowed by the machine's load does not
+    end the warm-up while a copy still fills).
+    """
+    t0 = time.perf_counter()
+    best, flat = 0.0, 0
+    while True:
+        now = rate(sample, WARM_UP_WINDOW_S, 2)
+        flat = 0 if now > 1.05 * best else flat + 1
+        best = max(best, now)
+        spent = time.perf_counter() - t0
+        if spent >= WARM_UP_CAP_S or (spent >= least and flat >= 2):
+            return
 
 
 def run_isolated(args: argparse.Namespace, name: str, phase: str, seconds: float, cold_batches: int) -> dict:

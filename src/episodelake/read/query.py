@@ -93,12 +93,12 @@ def query_failure(exc: duckdb.Error, what: str) -> QueryError:
 
 
 class _SnapshotSQL:
-    """Per-snapshot state: a DuckDB connection, the in-memory index table and the statistics table."""
+    """Per-snapshot state: DuckDB connections, the in-memory index table and the statistics table."""
 
     def __init__(self, snap: Snapshot) -> None:
         self.snap = snap
-        self.db = database().cursor()
-        self.sandbox = database(sandbox=True).cursor()
+        self._connections: dict[bool, duckdb.DuckDBPyConnection] = {}  # sandboxed or not -> cursor
+        self._connecting = threading.Lock()  # not self.lock: a query may connect while a scan holds that
         self.lock = threading.Lock()
         self._stats: StatsTable | None = None
         self._index: pa.Table | None = None
@@ -106,6 +106,24 @@ class _SnapshotSQL:
         self._stats_files: dict[str, np.ndarray] = {}  # field key -> which table files are in _stats
         self._files_checked = False
         self.where_unscanned = False  # whether a where() ran before the index scan (a later one makes it)
+
+    def connection(self, sandbox: bool) -> duckdb.DuckDBPyConnection:
+        """This snapshot's cursor of the process's database (or of its sandboxed twin), made on first use.
+
+        Lazily: the first query of a process opens only the database it runs
+        in (an open costs 15-50 ms; where() needs the sandbox alone).
+        """
+        with self._connecting:
+            cur = self._connections.get(sandbox)
+            if cur is None:
+                cur = self._connections[sandbox] = database(sandbox).cursor()
+            return cur
+
+    def close(self) -> None:
+        """Close the cursors made so far."""
+        with self._connecting:
+            for cur in self._connections.values():
+                cur.close()
 
     def check_files(self, again: bool = False) -> None:
         """Every table file exists with the size its log entry records, else CorruptionError naming it.
@@ -221,7 +239,7 @@ class _SnapshotSQL:
 _STATE: weakref.WeakKeyDictionary[Snapshot, _SnapshotSQL] = weakref.WeakKeyDictionary()
 _STATE_LOCK = threading.Lock()
 _DBS: dict[bool, tuple[int, duckdb.DuckDBPyConnection]] = {}  # sandboxed or not -> (pid, database)
-_DB_LOCK = threading.Lock()  # not _STATE_LOCK: _state() holds that while it makes a state, which opens a connection
+_DB_LOCK = threading.Lock()  # not _STATE_LOCK: opening a database (15-50 ms) need not hold up making states
 
 
 def database(sandbox: bool = False) -> duckdb.DuckDBPyConnection:
@@ -245,8 +263,7 @@ def _close_databases_at_exit() -> None:
     with _DB_LOCK:
         dbs = list(_DBS.values())
     for st in states:
-        st.db.close()
-        st.sandbox.close()
+        st.close()
     for pid, con in dbs:
         if pid == os.getpid():
             con.close()
@@ -331,7 +348,7 @@ def _cursor(
     """
     state = _state(snap)
     state.check_files()
-    cur = (state.sandbox if sandbox else state.db).cursor()
+    cur = state.connection(sandbox).cursor()
     cur.register("episode_table", snap.visible_dataset())
     restriction = derived = join = ""
     if snap.derived.fields:
@@ -688,7 +705,7 @@ def where(collection: EpisodeCollection, predicate: str, params: Any = None) -> 
             if chosen is None and not (snap.scan_ready() or state.where_unscanned or snap.derived.fields):
                 state.where_unscanned = True  # once: a dataset queried again is worth its index in memory
                 return snap, _where_unscanned(snap, condition, params)
-            cur = state.sandbox.cursor()
+            cur = state.connection(sandbox=True).cursor()
             cur.register("episode_index", state.index_table(chosen))
             try:
                 found = cur.sql(f"SELECT {quote(POSITION)} FROM episode_index" + condition, params=params)
