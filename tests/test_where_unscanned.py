@@ -7,6 +7,10 @@ a batch one created_at, so the ids' tie-break is exercised too.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -14,6 +18,8 @@ import episodelake as el
 
 from .conftest import build_robot_dataset
 from .test_query import assert_stats_equal
+
+REPO = Path(__file__).resolve().parents[1]
 
 PREDICATES = [
     ("task = 'pick' AND success", lambda r: r.meta["task"] == "pick" and r.meta["success"]),
@@ -77,3 +83,22 @@ def test_first_where_on_a_columnar_import(tmp_path):
     ds = el.Dataset.open(str(tmp_path / "cols"))
     got = ds.where("return > 0").positions
     np.testing.assert_array_equal(got, np.flatnonzero(returns > 0))
+
+
+WHERE_ONLY = """
+import sys
+import episodelake as el
+from episodelake.read import query
+view = el.Dataset.open(sys.argv[1]).where("task = 'pick' AND success")
+print(len(view), sorted(query._DBS))
+view.sql("SELECT count(*) FROM episodes").fetchall()
+print(sorted(query._DBS))
+"""
+
+
+def test_a_processs_first_where_opens_only_the_sandboxed_database(built):
+    """where() runs sandboxed, so a fresh process opens that database alone; a plain sql() then opens the other."""
+    path, raws = built
+    out = subprocess.run([sys.executable, "-c", WHERE_ONLY, path], capture_output=True, text=True, check=True, cwd=REPO)
+    want = sum(r.meta["task"] == "pick" and bool(r.meta["success"]) for r in raws)
+    assert out.stdout.split("\n")[:2] == [f"{want} [True]", "[False, True]"]
