@@ -29,8 +29,8 @@ Every measurement runs in a fresh interpreter (one system's threads, e.g.
 zarr's event loop, slow another's torch kernels several-fold when they share a
 process on a small machine). Two regimes: data in the page cache (files read
 once before timing, then sampling for 3 s or one timed pass, whichever is
-longer, and on until the rate stops rising — two 1 s windows in a row no
-more than 5% faster than the best before them, at most 60 s — which also fills episodelake's
+longer, and on until the rate has plateaued — two 1 s windows in a row
+within 5% of the best so far, at most 60 s — which also fills episodelake's
 resident copies: each chunk read from its file once per process), and cold: before each
 timed pass every file of the system is dropped from the page cache with
 ``posix_fadvise(DONTNEED)`` (after unmapping it), and the bytes the process
@@ -522,19 +522,23 @@ WARM_UP_CAP_S = 60.0  # a 1,000-episode resident copy (2.5 GB) fills in ~11 s on
 
 
 def warm_up(sample: Callable[[], object], least: float) -> None:
-    """Sample for at least ``least`` seconds, then until the rate stops rising (capped at WARM_UP_CAP_S).
+    """Sample for at least ``least`` seconds, then until the rate has plateaued (capped at WARM_UP_CAP_S).
 
     The rate has settled once every mapping is faulted in and every resident
-    copy is filled: two 1 s windows in a row none more than 5% faster than the
-    best before them (two, so one window slowed by the machine's load does not
-    end the warm-up while a copy still fills).
+    copy is filled: two 1 s windows in a row within 5% of the best window so
+    far. Not merely "no faster": while a large copy fills, the first windows
+    run slower than the ones before them (each batch then reads new rows).
     """
     t0 = time.perf_counter()
     best, flat = 0.0, 0
     while True:
         now = rate(sample, WARM_UP_WINDOW_S, 2)
-        flat = 0 if now > 1.05 * best else flat + 1
-        best = max(best, now)
+        if now > 1.05 * best:
+            best, flat = now, 0
+        elif now >= 0.95 * best:
+            best, flat = max(best, now), flat + 1
+        else:
+            flat = 0
         spent = time.perf_counter() - t0
         if spent >= WARM_UP_CAP_S or (spent >= least and flat >= 2):
             return
