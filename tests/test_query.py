@@ -244,6 +244,9 @@ def test_stats_match_numpy(robot_dataset, raw_episodes):
     assert_stats_equal(robot_dataset.stats(), raw_episodes)
     view = robot_dataset.where("task = 'place'")
     assert_stats_equal(view.stats(), [r for r in raw_episodes if r.meta["task"] == "place"])
+    first = robot_dataset.stats()  # whole-dataset moments are kept per snapshot: each call owns its dicts
+    first["length"]["mean"] = first["return"]["max"] = -1.0
+    assert_stats_equal(robot_dataset.stats(), raw_episodes)
 
 
 def test_stats_field_selection_and_errors(robot_dataset, raw_episodes):
