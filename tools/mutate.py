@@ -78,8 +78,10 @@ MODULE_TESTS: dict[str, list[str]] = {
     "ops/edit": ["test_edit.py"],
     "read/collection": ["test_collection.py", "test_concat.py"],
     "read/selection": ["test_query.py", "test_properties_selection.py"],
+    "core/stats": ["test_stats_scale.py", "test_stats_files.py", "test_query.py"],
     "read/query": [
         "test_query.py",
+        "test_where_unscanned.py",
         "test_table_corruption.py",
         "test_properties_selection.py",
         "test_sql_faults.py",
