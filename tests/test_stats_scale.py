@@ -187,3 +187,14 @@ def test_stats_table_rejects_misshapen_statistics():
     bad = good.set_column(good.schema.get_field_index(stat_column(f, "min")), stat_column(f, "min"), short)
     with pytest.raises(el.CorruptionError, match=r"field 'observation/state': statistics 'min' do not hold 5 values"):
         StatsTable(np.zeros(2, np.int64), 1).fill(f, np.arange(2), bad)
+
+
+def test_stats_table_rejects_a_count_without_values():
+    """An episode whose count says it has values but whose lists are NULL is damage, not an empty episode."""
+    f = state_field()
+    good = stat_rows(f, [np.ones((2, 5)), None, np.ones((3, 5))], empty_as_null=True)
+    StatsTable(np.zeros(3, np.int64), 1).fill(f, np.arange(3), good)  # the NULL row counts 0: fine
+    at = good.schema.get_field_index(stat_column(f, "count"))
+    bad = good.set_column(at, stat_column(f, "count"), pa.array([2, 4, 3], good.schema.field(at).type))
+    with pytest.raises(el.CorruptionError, match=r"field 'observation/state': statistics 'sum' do not hold 5 values"):
+        StatsTable(np.zeros(3, np.int64), 1).fill(f, np.arange(3), bad)

@@ -47,6 +47,9 @@ def test_first_where_matches_reference_and_scanned_where(built, predicate, keep)
     scanned.snapshot().scan()
     np.testing.assert_array_equal(scanned.where(predicate).positions, want)
     np.testing.assert_array_equal(fresh.snapshot().order_keys()[1], scanned.snapshot().index["episode_id"])
+    again = fresh.where(predicate)  # a dataset queried again is worth its index: the second where() makes it
+    assert fresh.snapshot()._scan is not None
+    np.testing.assert_array_equal(again.positions, want)
 
 
 def test_view_of_a_first_where_reads_like_any_view(built):
