@@ -220,7 +220,7 @@ class _SnapshotSQL:
         out = self._whole_moments if rows is None else None
         if out is None:
             length, returns, has_return = self.episode_values()
-            if rows is not None:  # the whole table takes the arrays as they are, without a gather
+            if rows is not None:  # a subset gathers its rows; the whole table takes the arrays as they are
                 length, returns, has_return = length[rows], returns[rows], has_return[rows]
             out = value_moments(length), value_moments(returns[has_return])
             if rows is None:
