@@ -404,3 +404,29 @@ def test_partition_pruning_reads_only_matching_files(tmp_path, raw_episodes):
     assert view_snap is ds.snapshot()
     pruned_view = count_opened(view, "SELECT count(*) FROM episodes WHERE task = 'pick'")
     assert sorted(set(pruned_view)) == sorted(pick_files)
+
+
+def test_stats_of_a_vector_reward_dataset_count_no_returns(tmp_path):
+    """A vector reward has no scalar return (the column is NULL): stats() counts none, whole or a view."""
+    schema = el.DatasetSchema(
+        [
+            el.FieldSpec("obs", (2,), "float32"),
+            el.FieldSpec("action", (), "int64", role="action"),
+            el.FieldSpec("reward", (2,), "float32", role="reward"),
+        ]
+    )
+    lengths = [3, 5, 2, 4]
+    eps = [
+        {
+            "observations": {"obs": np.full((t + 1, 2), t, np.float32)},
+            "actions": np.arange(t, dtype=np.int64),
+            "rewards": np.ones((t, 2), np.float32),
+        }
+        for t in lengths
+    ]
+    ds = el.Dataset.from_episodes(eps, str(tmp_path / "vector-reward"), schema=schema)
+    for subset, want in ((ds, lengths), (ds.where("length > 2"), [3, 5, 4])):
+        got = subset.stats()
+        assert got["return"]["count"] == 0 and np.isnan(got["return"]["mean"])
+        assert got["length"]["count"] == len(want) and got["length"]["sum"] == sum(want)
+        assert got["length"]["min"] == min(want) and got["length"]["max"] == max(want)
