@@ -26,6 +26,7 @@ from .errors import CorruptionError, QueryError
 from .schema import DatasetSchema, FieldSpec
 
 STAT_PARTS = ("count", "sum", "sumsq", "min", "max")
+STATS_PREFIX = "stats/"  # every statistics column's name starts so
 MOMENTS = ("count", "sum", "mean", "std", "min", "max")
 _BLOCK = 256  # 8-bit values: float32 sums of <= 256 squares (<= 255**2 each) are exact
 
@@ -37,7 +38,7 @@ def has_stats(field: FieldSpec) -> bool:
 
 def stat_column(field: FieldSpec, part: str) -> str:
     """The episode table column holding statistic ``part`` of ``field``."""
-    return f"stats/{field.key}/{part}"
+    return f"{STATS_PREFIX}{field.key}/{part}"
 
 
 def episode_stats(f: FieldSpec, values: np.ndarray) -> dict[str, Any]:

@@ -245,7 +245,7 @@ class _SnapshotSQL:
             if todo:
                 files = np.flatnonzero(np.logical_or.reduce([needed & ~done[f.key] for f in todo]))
                 columns = [stat_column(f, p) for f in todo for p in STAT_PARTS]
-                for rows_read, piece in self.snap.read_files(columns, files):
+                for rows_read, piece in self.snap.read_stats(columns, files):
                     for f in todo:
                         self._stats.fill(f, rows_read, piece)
                 for f in todo:

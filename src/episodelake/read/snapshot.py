@@ -35,7 +35,8 @@ from ..core.episode import extra_rows, rows_for
 from ..core.errors import CorruptionError, StorageError
 from ..core.growable import append_rows
 from ..core.schema import FieldSpec, from_storage, storage_dtype
-from ..storage import layout
+from ..core.stats import STATS_PREFIX
+from ..storage import layout, stats_cache
 from ..storage.arrays import ArrayReader, split_ref
 from ..storage.engine import engine_usable
 from ..storage.faults import storage_fault
@@ -458,6 +459,57 @@ class Snapshot:
             raise CorruptionError(
                 f"{self.loc.url} version {self.version}: table files hold {start} rows, the index scan read {len(rows)}"
             )
+
+    def read_stats(self, columns: list[str], files: np.ndarray) -> Iterator[tuple[np.ndarray, pa.Table]]:
+        """Like :meth:`read_files`, for statistics ``columns``: one table file at a time, through the statistics cache.
+
+        A local file's statistics columns (every one, with its quarantine
+        flags) are decoded on its first read and cached
+        (:mod:`~episodelake.storage.stats_cache`); later reads, in any
+        process, map the entry. Remote datasets read as :meth:`read_files`.
+        """
+        if not stats_cache.enabled(self.loc):
+            yield from self.read_files(columns, files)
+            return
+        scan = self.scan()
+        schema = self.arrow_dataset().schema
+        for j, rows in zip(files, scan.rows_of_files(files), strict=True):
+            fragment = scan.fragments[j]
+            table = stats_cache.load(self.loc, fragment.path)
+            kept = None if table is None else self._visible_rows(table, len(rows))
+            if kept is None:  # no entry, or one disagreeing with the index scan: decode the file itself
+                table = stats_cache.store(self.loc, fragment.path, self._decode_stats(fragment, schema))
+                kept = self._visible_rows(table, len(rows))
+            if kept is None:
+                raise CorruptionError(
+                    f"{self.loc.url} version {self.version}: table file {fragment.path} holds "
+                    f"{table.num_rows} rows of which the index scan read {len(rows)}"
+                )
+            names = set(kept.column_names)  # a file written before a field was added has none of its columns
+            out = [kept.column(c) if c in names else pa.nulls(kept.num_rows, schema.field(c).type) for c in columns]
+            yield rows, pa.table(out, names=columns)
+
+    def _decode_stats(self, fragment: pads.Fragment, schema: pa.Schema) -> pa.Table:
+        """Every statistics column of table file ``fragment``, and whether each row is quarantined (NULL: not)."""
+        names = [n for n in schema.names if n.startswith(STATS_PREFIX)]
+        read = [*names, QUARANTINED] if QUARANTINED in schema.names else names
+        try:
+            table = _mapped(self.arrow_dataset(), [fragment]).to_table(columns=read, memory_pool=_read_pool())
+        except (OSError, pa.ArrowException) as exc:
+            raise self.unreadable(read, exc) from exc
+        flags = table.column(QUARANTINED).fill_null(False) if QUARANTINED in read else pa.array(np.zeros(len(table), dtype=bool))
+        return table.select(names).append_column(QUARANTINED, flags)
+
+    def _visible_rows(self, table: pa.Table, expected: int) -> pa.Table | None:
+        """The rows of a file's decoded statistics this snapshot holds; None unless there are ``expected`` of them."""
+        flags = table.column(QUARANTINED)
+        quarantined = pc.sum(flags).as_py() or 0
+        held = quarantined if self.quarantined else table.num_rows - quarantined
+        if held != expected:
+            return None
+        if held == table.num_rows:
+            return table
+        return table.filter(flags if self.quarantined else pc.invert(flags))
 
     @cached_property
     def index(self) -> LazyIndex:

@@ -12,6 +12,7 @@
     tensors/<writer>/<commit>/<key>/      one commit's array (object stores; commit = 1, 2, ...)
         zarr.json                         Zarr v3 array metadata
         c/<chunk>/0[/0...]                chunk (or shard) files, chunked along time only
+    cache/stats/<file>.arrow              a table file's statistics columns, decoded (stats_cache.py)
     *.tmp                                 a small file being replaced atomically
 
 Every function returns path parts relative to the root, for
@@ -35,6 +36,8 @@ DERIVED = "derived"
 ARRAY_METADATA = "zarr.json"
 CHUNKS = "c"
 TEMP_SUFFIX = ".tmp"
+STATS_CACHE = ("cache", "stats")
+STATS_CACHE_SUFFIX = ".arrow"
 TENSOR_ROOT = f"{TENSORS}/<writer>/<key>"  # as recorded in the descriptor's ``tensor_layout``
 
 
@@ -90,6 +93,14 @@ def metadata_parts(array: tuple[str, ...]) -> tuple[str, ...]:
 def chunk_parts(chunk: int, ndim: int) -> tuple[str, ...]:
     """A chunk (shard) file relative to its array, for an array chunked along time only (``ndim`` inner dims)."""
     return (CHUNKS, str(chunk), *("0",) * ndim)
+
+
+def stats_cache_parts(file: str = "") -> tuple[str, ...]:
+    """The statistics cache directory, or the entry of a table file (its path relative to the table, as logged)."""
+    if not file:
+        return STATS_CACHE
+    *dirs, name = file.split("/")
+    return (*STATS_CACHE, *dirs, name + STATS_CACHE_SUFFIX)
 
 
 def temp_name(name: str) -> str:
