@@ -79,6 +79,7 @@ MODULE_TESTS: dict[str, list[str]] = {
     "read/collection": ["test_collection.py", "test_concat.py"],
     "read/selection": ["test_query.py", "test_properties_selection.py"],
     "core/stats": ["test_stats_scale.py", "test_stats_files.py", "test_query.py"],
+    "storage/table_cache": ["test_table_cache.py", "test_stats_files.py", "test_where_unscanned.py"],
     "read/query": [
         "test_query.py",
         "test_where_unscanned.py",

@@ -36,7 +36,7 @@ from ..core.errors import CorruptionError, StorageError
 from ..core.growable import append_rows
 from ..core.schema import FieldSpec, from_storage, storage_dtype
 from ..core.stats import STATS_PREFIX
-from ..storage import layout, stats_cache
+from ..storage import layout, table_cache
 from ..storage.arrays import ArrayReader, split_ref
 from ..storage.engine import engine_usable
 from ..storage.faults import storage_fault
@@ -366,8 +366,20 @@ class Snapshot:
                 if scan is not None:
                     self._keys = _order_keys(scan.table, scan.order)
                 else:
-                    self._keys = _order_keys(self._read_table(["created_at", "episode_id"]))
+                    self._keys = self._read_order_keys()
             return self._keys
+
+    def _read_order_keys(self) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`order_keys` from the two columns, sorted; through the table cache when local (mapped when this
+        version's were read before, by any process)."""
+        if not table_cache.enabled(self.loc):
+            return _order_keys(self._read_table(["created_at", "episode_id"]))
+        entry = table_cache.keys_entry(self.version, self.arrow_dataset().files, self.quarantined)
+        table = table_cache.load(self.loc, entry)
+        if table is None:
+            created, ids = _order_keys(self._read_table(["created_at", "episode_id"]))
+            table = table_cache.store(self.loc, entry, pa.table({"created_at": created, "episode_id": ids}))
+        return table_cache.column(table, "created_at"), table_cache.column(table, "episode_id")
 
     def positions_of_keys(self, created: np.ndarray, ids: np.ndarray) -> np.ndarray:
         """Snapshot positions of the episodes with order keys ``(created, ids)`` (:meth:`order_keys`); unknown
@@ -465,20 +477,23 @@ class Snapshot:
 
         A local file's statistics columns (every one, with its quarantine
         flags) are decoded on its first read and cached
-        (:mod:`~episodelake.storage.stats_cache`); later reads, in any
+        (:mod:`~episodelake.storage.table_cache`); later reads, in any
         process, map the entry. Remote datasets read as :meth:`read_files`.
         """
-        if not stats_cache.enabled(self.loc):
+        if not table_cache.enabled(self.loc):
             yield from self.read_files(columns, files)
             return
         scan = self.scan()
         schema = self.arrow_dataset().schema
         for j, rows in zip(files, scan.rows_of_files(files), strict=True):
             fragment = scan.fragments[j]
-            table = stats_cache.load(self.loc, fragment.path)
+            entry = table_cache.stats_entry(self.loc, fragment.path)
+            table = None if entry is None else table_cache.load(self.loc, entry)
             kept = None if table is None else self._visible_rows(table, len(rows))
-            if kept is None:  # no entry, or one disagreeing with the index scan: decode the file itself
-                table = stats_cache.store(self.loc, fragment.path, self._decode_stats(fragment, schema))
+            if table is None or kept is None:  # no entry, or one disagreeing with the index scan: decode the file
+                table = self._decode_stats(fragment, schema)
+                if entry is not None:
+                    table = table_cache.store(self.loc, entry, table)
                 kept = self._visible_rows(table, len(rows))
             if kept is None:
                 raise CorruptionError(
@@ -497,7 +512,8 @@ class Snapshot:
             table = _mapped(self.arrow_dataset(), [fragment]).to_table(columns=read, memory_pool=_read_pool())
         except (OSError, pa.ArrowException) as exc:
             raise self.unreadable(read, exc) from exc
-        flags = table.column(QUARANTINED).fill_null(False) if QUARANTINED in read else pa.array(np.zeros(len(table), dtype=bool))
+        unflagged = pa.array(np.zeros(len(table), dtype=bool))
+        flags = table.column(QUARANTINED).fill_null(False) if QUARANTINED in read else unflagged
         return table.select(names).append_column(QUARANTINED, flags)
 
     def _visible_rows(self, table: pa.Table, expected: int) -> pa.Table | None:

@@ -12,7 +12,9 @@
     tensors/<writer>/<commit>/<key>/      one commit's array (object stores; commit = 1, 2, ...)
         zarr.json                         Zarr v3 array metadata
         c/<chunk>/0[/0...]                chunk (or shard) files, chunked along time only
-    cache/stats/<file>.arrow              a table file's statistics columns, decoded (stats_cache.py)
+    cache/                                decoded table columns, memory-mapped by later reads (table_cache.py)
+        stats/<file>.arrow                a table file's statistics columns
+        keys/{visible,quarantined}.arrow  a version's order keys (created_at, episode_id) in episode order
     *.tmp                                 a small file being replaced atomically
 
 Every function returns path parts relative to the root, for
@@ -36,8 +38,8 @@ DERIVED = "derived"
 ARRAY_METADATA = "zarr.json"
 CHUNKS = "c"
 TEMP_SUFFIX = ".tmp"
-STATS_CACHE = ("cache", "stats")
-STATS_CACHE_SUFFIX = ".arrow"
+CACHE = ("cache",)
+CACHE_SUFFIX = ".arrow"
 TENSOR_ROOT = f"{TENSORS}/<writer>/<key>"  # as recorded in the descriptor's ``tensor_layout``
 
 
@@ -98,9 +100,14 @@ def chunk_parts(chunk: int, ndim: int) -> tuple[str, ...]:
 def stats_cache_parts(file: str = "") -> tuple[str, ...]:
     """The statistics cache directory, or the entry of a table file (its path relative to the table, as logged)."""
     if not file:
-        return STATS_CACHE
+        return (*CACHE, "stats")
     *dirs, name = file.split("/")
-    return (*STATS_CACHE, *dirs, name + STATS_CACHE_SUFFIX)
+    return (*CACHE, "stats", *dirs, name + CACHE_SUFFIX)
+
+
+def keys_cache_parts(quarantined: bool) -> tuple[str, ...]:
+    """The order-keys entry of snapshots of quarantined episodes, or of the others."""
+    return (*CACHE, "keys", ("quarantined" if quarantined else "visible") + CACHE_SUFFIX)
 
 
 def temp_name(name: str) -> str:

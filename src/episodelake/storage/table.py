@@ -42,7 +42,7 @@ from ..core.errors import (
 )
 from ..core.schema import DatasetSchema
 from ..core.stats import STAT_PARTS, has_stats, stat_column
-from . import layout, stats_cache
+from . import layout, table_cache
 from .faults import quiet_panics, storage_fault
 from .location import Location
 
@@ -545,7 +545,7 @@ class EpisodeTable:
         """
         doomed = vacuum_table_files(self.loc, layout.table_parts(), retention_hours, dry_run)
         if not dry_run:
-            stats_cache.prune(self.loc, UNREFERENCED_FLOOR_HOURS * 3600.0)  # the entries of the files gone with them
+            table_cache.prune(self.loc, UNREFERENCED_FLOOR_HOURS * 3600.0)  # the entries of the files gone with them
             self.refresh()
         return doomed
 
