@@ -10,14 +10,17 @@ of that many episodes holds. Then, in one process and on the same files:
 * open: ``Dataset.open`` and the first ``count(*)``;
 * a filtered query (partition + meta filter) via ``ds.sql``, against DuckDB's
   own ``read_parquet`` over the Delta files and a pyarrow dataset scan;
-* ``where()`` to a view, against the bare DuckDB id query it wraps;
+* ``where()`` to a view, against the bare DuckDB id query it wraps; open + the
+  first ``where()`` the first time ever (the table cache removed first: it
+  reads, sorts and caches the order keys), then on new ``Dataset`` objects
+  (mapping them), with the cache off, and in fresh processes;
 * ``stats()`` of that view, against one DuckDB aggregate over the raw stats
   list columns of the Arrow dataset: its first-ever call (the statistics cache
   removed first: it decodes the files holding the view and writes their
   entries), the first call of new snapshots (mapping those entries) against
   what decoding costs (Arrow's decode of the statistics columns of those
   files, memory-mapped, nothing kept), the same with the cache off
-  (``EPISODELAKE_STATS_CACHE=0``, 0.7.1's read), and in fresh processes;
+  (``EPISODELAKE_TABLE_CACHE=0``, 0.7.1's read), and in fresh processes;
 * ``stats()`` of the whole dataset (warm: a merge of per-file totals), against
   the same aggregate without the filter.
 
@@ -153,17 +156,23 @@ def patched_env(name: str, value: str) -> Iterator[None]:
 FRESH = """
 import sys, time
 import episodelake as el
-view = el.Dataset.open(sys.argv[1]).where(sys.argv[2])
-view.where("return > 0")
+path, predicate, what = sys.argv[1:]
 t0 = time.perf_counter()
-view.stats()
+view = el.Dataset.open(path).where(predicate)
+if what == "stats":
+    view.where("return > 0")
+    t0 = time.perf_counter()
+    view.stats()
 print((time.perf_counter() - t0) * 1e3)
 """
 
 
-def fresh_process_stats(path: str) -> float:
-    """ms of the first stats() of the view in a new Python process (its index scan made first)."""
-    out = subprocess.run([sys.executable, "-c", FRESH, path, PREDICATE], capture_output=True, text=True, check=True)
+def fresh_process(path: str, what: str) -> float:
+    """ms, in a new Python process, of ``Dataset.open`` + the first ``where()`` (``what="where"``) or of the
+    view's first stats() (``"stats"``, its index scan made first)."""
+    out = subprocess.run(
+        [sys.executable, "-c", FRESH, path, PREDICATE, what], capture_output=True, text=True, check=True
+    )
     return float(out.stdout.strip().splitlines()[-1])
 
 
@@ -222,10 +231,23 @@ def run(path: str) -> None:
     assert ds.sql(query).fetchall()[0][0] == raw.sql(query).fetchall()[0][0]
 
     # ---- where() to a view
-    t_open, fresh = once(lambda: el.Dataset.open(path))
-    t_cold, view = once(lambda: fresh.where(PREDICATE))
-    rows.append(("where() cold (order keys, no index scan)", t_cold, "", None))
-    rows.append(("Dataset.open + first where() [goal 100]", t_open + t_cold, "", None))
+    shutil.rmtree(Path(path, *layout.CACHE), ignore_errors=True)  # the first-ever where() and stats() decode
+
+    def open_where() -> tuple[float, el.Dataset, el.DatasetView]:
+        t_open, fresh = once(lambda: el.Dataset.open(path))
+        t_cold, view = once(lambda: fresh.where(PREDICATE))
+        return t_open + t_cold, fresh, view
+
+    first_ever, _, _ = open_where()
+    opened = [open_where() for _ in range(REPEATS)]  # each maps the order keys the first one cached
+    _, fresh, view = opened[-1]
+    with patched_env("EPISODELAKE_TABLE_CACHE", "0"):
+        uncached = [open_where()[0] for _ in range(3)]
+    rows.append(("first-ever open + where() (keys read, sorted, cached)", first_ever, "", None))
+    rows.append(("open + first where(), cache off (0.7.1's read)", statistics.median(uncached), "", None))
+    rows.append(("Dataset.open + first where() [goal 100]", statistics.median(t for t, _, _ in opened), "", None))
+    in_process = statistics.median(fresh_process(path, "where") for _ in range(3))
+    rows.append(("the same in a fresh process", in_process, "", None))
     ours = timed(lambda: ds.where(PREDICATE))
     cur = duckdb.connect()
     cur.register("episodes", arrow_ds)
@@ -235,8 +257,7 @@ def run(path: str) -> None:
     rows.append(("view.where('return > 0')", timed(lambda: view.where("return > 0")), "", None))
     rows.append(("view.sql(count(*))", timed(lambda: view.sql("SELECT count(*) FROM episodes").fetchall()), "", None))
 
-    # ---- stats() of the filtered subset
-    shutil.rmtree(Path(path, *layout.stats_cache_parts()), ignore_errors=True)  # the first-ever read decodes
+    # ---- stats() of the filtered subset (the cache holds no statistics yet: the first-ever read decodes)
     t_cold, _ = once(view.stats)
     ours = timed(view.stats)
 
@@ -246,9 +267,9 @@ def run(path: str) -> None:
         return again
 
     colds = [once(new_view().stats)[0] for _ in range(REPEATS)]  # each maps the entries the first call wrote
-    with patched_env("EPISODELAKE_STATS_CACHE", "0"):
+    with patched_env("EPISODELAKE_TABLE_CACHE", "0"):
         uncached = [once(new_view().stats)[0] for _ in range(3)]
-    in_process = [fresh_process_stats(path) for _ in range(3)]
+    in_process = [fresh_process(path, "stats") for _ in range(3)]
     schema = ds.schema
     aggs = []
     for f in schema.step_fields:

@@ -7,6 +7,9 @@ generated episodes (tests/reference.py).
 
 from __future__ import annotations
 
+import os
+import shutil
+
 import fsspec
 import numpy as np
 import pyarrow.fs as pafs
@@ -14,6 +17,7 @@ import pytest
 
 import episodelake as el
 from episodelake.read.snapshot import Snapshot
+from episodelake.storage import layout
 
 from .conftest import build_robot_dataset, robot_schema
 from .reference import random_episode
@@ -97,8 +101,12 @@ def counted_snapshot(ds: el.Dataset) -> tuple[OpenCounter, Snapshot]:
     return fs, snap
 
 
-def test_stats_read_only_the_files_holding_the_collection(partitioned):
+@pytest.mark.parametrize("cached", [False, True])
+def test_stats_read_only_the_files_holding_the_collection(partitioned, monkeypatch, cached):
     path, raws = partitioned
+    shutil.rmtree(os.path.join(path, *layout.CACHE), ignore_errors=True)  # other tests' entries
+    if not cached:
+        monkeypatch.setenv("EPISODELAKE_TABLE_CACHE", "0")
     ds = el.Dataset.open(path)
     fs, _ = counted_snapshot(ds)
     files = fsspec.filesystem("file").glob(f"{path}/episodes/**/*.parquet")
@@ -116,6 +124,15 @@ def test_stats_read_only_the_files_holding_the_collection(partitioned):
     assert fs.opened == []  # statistics of a file are read once per snapshot
     assert_stats_equal(ds.stats(), raws)
     assert sorted(fs.opened) == sorted(set(files) - set(pick_files))
+    if cached:  # a new snapshot maps the entries the first one wrote: it opens no table file for statistics
+        again = el.Dataset.open(path)
+        fs, _ = counted_snapshot(again)
+        pick = again.where("task = 'pick'")
+        pick.snapshot().scan()
+        fs.opened.clear()
+        assert_stats_equal(pick.stats(), [r for r in raws if r.meta["task"] == "pick"])
+        assert_stats_equal(again.stats(), raws)
+        assert fs.opened == []
 
 
 def index_of(ds: el.Dataset) -> dict[str, np.ndarray]:

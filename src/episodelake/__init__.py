@@ -40,7 +40,7 @@ from .storage.retention import Capacity
 from .viewer import view
 from .write.writer import EpisodeWriter, VectorEpisodeWriter
 
-__version__ = "0.7.1"
+__version__ = "0.8.0"
 
 __all__ = [
     "Anchors",

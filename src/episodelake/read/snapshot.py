@@ -218,6 +218,7 @@ class Snapshot:
         self.checks = store.checks()  # the quality checks as of this version (core.quality)
         self.version = store.version
         self.quarantined = quarantined
+        self._writes_cache = not store.read_only  # a read-only dataset maps table cache entries, writes none
         self._dataset = store.table.dataset()
         self._visible = _quarantine_filter(self._dataset.schema, quarantined)
         self._context: ts.Context | None = store.context
@@ -378,6 +379,8 @@ class Snapshot:
         table = table_cache.load(self.loc, entry)
         if table is None:
             created, ids = _order_keys(self._read_table(["created_at", "episode_id"]))
+            if not self._writes_cache:
+                return created, ids
             table = table_cache.store(self.loc, entry, pa.table({"created_at": created, "episode_id": ids}))
         return table_cache.column(table, "created_at"), table_cache.column(table, "episode_id")
 
@@ -477,8 +480,9 @@ class Snapshot:
 
         A local file's statistics columns (every one, with its quarantine
         flags) are decoded on its first read and cached
-        (:mod:`~episodelake.storage.table_cache`); later reads, in any
-        process, map the entry. Remote datasets read as :meth:`read_files`.
+        (:mod:`~episodelake.storage.table_cache`; not by a read-only
+        dataset); later reads, in any process, map the entry. Remote
+        datasets read as :meth:`read_files`.
         """
         if not table_cache.enabled(self.loc):
             yield from self.read_files(columns, files)
@@ -492,7 +496,7 @@ class Snapshot:
             kept = None if table is None else self._visible_rows(table, len(rows))
             if table is None or kept is None:  # no entry, or one disagreeing with the index scan: decode the file
                 table = self._decode_stats(fragment, schema)
-                if entry is not None:
+                if entry is not None and self._writes_cache:
                     table = table_cache.store(self.loc, entry, table)
                 kept = self._visible_rows(table, len(rows))
             if kept is None:
