@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import episodelake as el
+from episodelake.storage import table_cache
 
 from .reference import random_episode
 
@@ -473,9 +474,9 @@ def test_rejected_input_changes_nothing(populated, name, call, exc, pattern):
         state = call.setup(populated)
         call = partial(call.call, state=state)
     count = len(el.Dataset.open(root))
-    el.Dataset.open(root).where(
-        "true"
-    ).stats()  # what valid reads cache (table_cache): written before, not by, the call
+    # what valid reads cache (table_cache) is written before the call, not by it
+    el.Dataset.open(root).where("true").stats()
+    table_cache.wait()
     before = tree_digest(root)
     with pytest.raises(exc, match=pattern) as info:
         call(populated)

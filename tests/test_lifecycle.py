@@ -29,6 +29,7 @@ LIBRARY_EXIT_HOOKS = [
     ["commit", "episodelake.write.commit._commit_at_exit"],
     ["prefetchers", "episodelake.sampling.prefetch._stop_all_prefetchers"],
     ["compactions", "episodelake.storage.table.join_compactions"],
+    ["cache writes", "episodelake.storage.table_cache.wait"],
     ["databases", "episodelake.read.query._close_databases_at_exit"],
     ["gates", "episodelake.write.gate._close_at_exit"],
     ["snapshots", "episodelake.read.snapshot._release_arrow_at_exit"],
@@ -105,6 +106,7 @@ REGISTERING = (  # the modules that register hooks, imported after the ones a ca
                 "fetchers",
                 "codecs",
                 "compactions",
+                "cache writes",
                 "snapshots",
                 "batching",
                 "prefetchers",
@@ -119,6 +121,7 @@ REGISTERING = (  # the modules that register hooks, imported after the ones a ca
                 "codecs",
                 "fetchers",
                 "compactions",
+                "cache writes",
                 "gates",
                 "commit",
                 "snapshots",
@@ -132,6 +135,7 @@ REGISTERING = (  # the modules that register hooks, imported after the ones a ca
             [
                 "codecs",
                 "compactions",
+                "cache writes",
                 "fetchers",
                 "snapshots",
                 "databases",
@@ -190,10 +194,11 @@ def probe(stage):
         if stage == "compactions":
             raise RuntimeError("probe failure")
         say(f"{stage} {pool_answer()}")
-        if stage == "prefetchers":
+        if stage == LAST_THREADING:
             released.set()
     return hook
 
+LAST_THREADING = [name for name, moment in lifecycle.EXIT_STAGES if moment == "threading"][-1]
 for stage, _ in reversed(lifecycle.EXIT_STAGES):
     lifecycle.on_exit(stage, probe(stage))
 threading.Thread(target=worker).start()  # not a daemon: interpreter shutdown joins it
@@ -208,6 +213,7 @@ def test_hooks_run_in_the_written_order_at_their_moment_and_a_failing_one_does_n
         "main ended",
         "commit pool ok",
         "prefetchers pool ok",
+        "cache writes pool ok",
         "thread ended",  # joined after the threading stages
         "databases pool refused",  # atexit: concurrent.futures has shut down
         "gates pool refused",

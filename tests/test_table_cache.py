@@ -103,6 +103,7 @@ def test_the_first_stats_writes_an_entry_per_file_that_another_process_maps(reco
     path, raws = recorded
     assert entries(path) == set()  # writing episodes decodes nothing: no entry yet
     assert_stats_equal(el.Dataset.open(path).stats(), raws)
+    table_cache.wait()  # entries are written on the cache's writer thread
     assert_selected(el.Dataset.open(path).where("task = 'pick'"), path, raws, is_pick)
     files = table_files(path)
     assert len(files) >= 4 and entries(path) == files
@@ -166,9 +167,11 @@ DAMAGES = [_truncate, _scramble, _another_files, _empty, _flip_a_bit]
 def test_a_damaged_entry_is_decoded_again_never_served(recorded, damage):
     path, raws = recorded
     el.Dataset.open(path).stats()
+    table_cache.wait()  # entries are written on the cache's writer thread
     files = sorted(table_files(path))
     damage(entry_path(path, files[0]), entry_path(path, files[1]))
     assert_stats_equal(el.Dataset.open(path).stats(), raws)
+    table_cache.wait()  # entries are written on the cache's writer thread
     loc = resolve(path)
     assert table_cache.load(loc, table_cache.stats_entry(loc, files[0])) is not None  # rewritten whole
 
@@ -177,6 +180,7 @@ def test_a_rewritten_table_file_invalidates_its_entry(recorded):
     """An entry records its file's size: the same name holding other bytes is decoded again."""
     path, _ = recorded
     el.Dataset.open(path).stats()
+    table_cache.wait()  # entries are written on the cache's writer thread
     loc = resolve(path)
     file = sorted(table_files(path))[0]
     before = table_cache.stats_entry(loc, file)
@@ -203,6 +207,7 @@ def test_quarantined_episodes_stay_out_of_cached_statistics(tmp_path):
         assert_stats_equal(fresh.stats(), shown)
         assert_stats_equal(fresh.quality.quarantine().stats(), held)
         assert_stats_equal(fresh.where("task = 'pick'").stats(), [r for r in shown if r.meta["task"] == "pick"])
+        table_cache.wait()  # entries are written on the cache's writer thread
         assert entries(path) == table_files(path)
     ds.quality.release(el.Dataset.open(path).quality.quarantine().episode_ids.tolist())
     assert_stats_equal(el.Dataset.open(path).stats(), raws)
@@ -212,9 +217,11 @@ def test_vacuum_removes_the_entries_of_removed_files_and_stale_temporaries(recor
     path, raws = recorded
     ds = el.Dataset.open(path)
     ds.stats()
+    table_cache.wait()  # entries are written on the cache's writer thread
     before = table_files(path)
     ds.maintenance.compact()
     assert_stats_equal(el.Dataset.open(path).stats(), raws)  # entries for the compacted files too
+    table_cache.wait()  # entries are written on the cache's writer thread
     after = table_files(path)
     assert after != before and entries(path) == before | after
     cache = os.path.join(path, *layout.stats_cache_parts())
@@ -235,6 +242,7 @@ def test_a_dataset_that_cannot_hold_a_cache_still_gives_numpys_statistics(record
         pass
     for _ in range(2):
         assert_stats_equal(el.Dataset.open(path).stats(), raws)
+        table_cache.wait()  # entries are written on the cache's writer thread
         assert_selected(el.Dataset.open(path).where("task = 'pick'"), path, raws, is_pick)
     assert entries(path) == set()
 
@@ -243,6 +251,7 @@ def test_the_cache_can_be_turned_off(recorded, monkeypatch):
     path, raws = recorded
     monkeypatch.setenv("EPISODELAKE_TABLE_CACHE", "0")
     assert_stats_equal(el.Dataset.open(path).stats(), raws)
+    table_cache.wait()  # entries are written on the cache's writer thread
     assert_selected(el.Dataset.open(path).where("task = 'pick'"), path, raws, is_pick)
     assert not os.path.exists(os.path.join(path, *layout.CACHE))
 

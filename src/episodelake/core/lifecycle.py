@@ -41,6 +41,7 @@ EXIT_STAGES: tuple[tuple[str, Moment], ...] = (
     ("commit", "threading"),  # write/commit.py: commit every live sink of this process (needs the pools)
     ("prefetchers", "threading"),  # sampling: stop and join the streams' prefetch threads
     ("compactions", "threading"),  # storage/table.py: join background compactions (the exit commit may start one)
+    ("cache writes", "threading"),  # storage/table.py: wait for the table cache's entries being written
     ("databases", "atexit"),  # read/query.py: close the DuckDB connections and databases
     ("gates", "atexit"),  # write/gate.py: close the commit gate's DuckDB cursors and database
     ("snapshots", "atexit"),  # read/snapshot.py: drop the snapshots' Arrow datasets while Arrow is alive

@@ -497,7 +497,7 @@ class Snapshot:
             if table is None or kept is None:  # no entry, or one disagreeing with the index scan: decode the file
                 table = self._decode_stats(fragment, schema)
                 if entry is not None and self._writes_cache:
-                    table = table_cache.store(self.loc, entry, table)
+                    table_cache.store_later(self.loc, entry, table)
                 kept = self._visible_rows(table, len(rows))
             if kept is None:
                 raise CorruptionError(

@@ -883,3 +883,4 @@ def join_compactions() -> None:
 
 
 lifecycle.on_exit("compactions", join_compactions)  # after the exit commit, which may start one
+lifecycle.on_exit("cache writes", table_cache.wait)  # entries the last stats() decoded, written whole
