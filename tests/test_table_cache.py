@@ -103,8 +103,8 @@ def test_the_first_stats_writes_an_entry_per_file_that_another_process_maps(reco
     path, raws = recorded
     assert entries(path) == set()  # writing episodes decodes nothing: no entry yet
     assert_stats_equal(el.Dataset.open(path).stats(), raws)
-    table_cache.wait()  # entries are written on the cache's writer thread
     assert_selected(el.Dataset.open(path).where("task = 'pick'"), path, raws, is_pick)
+    table_cache.wait()  # entries are written on the cache's writer thread
     files = table_files(path)
     assert len(files) >= 4 and entries(path) == files
     stamps = {f: os.stat(entry_path(path, f)).st_mtime_ns for f in files}
@@ -260,6 +260,7 @@ def test_the_cache_can_be_turned_off(recorded, monkeypatch):
 def test_damaged_order_keys_are_read_again_never_served(recorded, damage):
     path, raws = recorded
     assert_selected(el.Dataset.open(path).where("task = 'pick'"), path, raws, is_pick)
+    table_cache.wait()
     keys = os.path.join(path, *layout.keys_cache_parts(False))
     damage(keys, keys)
     assert_selected(el.Dataset.open(path).where("task = 'pick'"), path, raws, is_pick)
@@ -279,6 +280,7 @@ def test_order_keys_follow_the_version(recorded):
     writer.append_episodes(r.as_dict(unwrap_action=True) for r in more)
     writer.flush()
     assert_selected(el.Dataset.open(path).where("task = 'pick'"), path, raws + more, is_pick)
+    table_cache.wait()
     loc = resolve(path)
     files = [f for f in table_files(path)]
     assert table_cache.load(loc, table_cache.keys_entry(el.Dataset.open(path).version, files, False)) is not None
@@ -306,4 +308,5 @@ def test_quarantined_and_visible_snapshots_place_their_own_episodes(tmp_path):
         )
         held = el.Dataset.open(path).quality.quarantine().where("task = 'pick'")
         assert_selected(held, path, raws, lambda r: is_pick(r) and id(r) not in positive)
+    table_cache.wait()
     assert os.path.exists(os.path.join(path, *layout.keys_cache_parts(False)))

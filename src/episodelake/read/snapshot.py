@@ -379,9 +379,9 @@ class Snapshot:
         table = table_cache.load(self.loc, entry)
         if table is None:
             created, ids = _order_keys(self._read_table(["created_at", "episode_id"]))
-            if not self._writes_cache:
-                return created, ids
-            table = table_cache.store(self.loc, entry, pa.table({"created_at": created, "episode_id": ids}))
+            if self._writes_cache:
+                table_cache.store_later(self.loc, entry, pa.table({"created_at": created, "episode_id": ids}))
+            return created, ids
         return table_cache.column(table, "created_at"), table_cache.column(table, "episode_id")
 
     def positions_of_keys(self, created: np.ndarray, ids: np.ndarray) -> np.ndarray:

@@ -22,9 +22,9 @@ The cache is never the truth. An entry records what it was decoded from
 and a digest of its file names), its row count and a checksum of its bytes;
 one that is missing, truncated, damaged, stale or unreadable is ignored (the
 caller decodes again and rewrites it). Entries are written to a temporary sibling and renamed, so a
-crash leaves no partial entry under an entry's name. Statistics entries are
-written by one background thread (:func:`store_later`: writing 160 MB took as
-long as decoding it), which the exit joins (lifecycle stage ``cache writes``,
+crash leaves no partial entry under an entry's name. Entries are written by
+one background thread (:func:`store_later`: writing 160 MB took as long as
+decoding it), which the exit joins (lifecycle stage ``cache writes``,
 :func:`wait`); :func:`prune` (run by
 every table vacuum) removes the statistics of removed files and stale
 temporary files. ``EPISODELAKE_TABLE_CACHE=0`` turns the cache off; a dataset
