@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 import subprocess
 import sys
 import time
 
 import numpy as np
+import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
@@ -310,3 +312,67 @@ def test_quarantined_and_visible_snapshots_place_their_own_episodes(tmp_path):
         assert_selected(held, path, raws, lambda r: is_pick(r) and id(r) not in positive)
     table_cache.wait()
     assert os.path.exists(os.path.join(path, *layout.keys_cache_parts(False)))
+
+
+def _change_a_value(path: str, other: str) -> None:
+    """The last value of the last list column (near the end of the data) plus 1000: structure intact."""
+    data = pa.memory_map(path).read_buffer()
+    table = pa.ipc.open_file(pa.BufferReader(data.slice(0, data.size - 16))).read_all()
+    lists = [c for c in table.column_names if pa.types.is_list(table.schema.field(c).type)]
+    values = table.column(lists[-1]).chunk(0).values
+    at = values.buffers()[1].address - data.address + 8 * (values.offset + len(values) - 1)
+    old = float(np.frombuffer(data, dtype="<f8", count=1, offset=at)[0])
+    with open(path, "r+b") as fh:
+        fh.seek(at)
+        fh.write(np.array([old + 1000.0], dtype="<f8").tobytes())
+
+
+def test_a_value_changed_in_an_entry_is_caught_by_its_checksum(recorded):
+    path, raws = recorded
+    el.Dataset.open(path).stats()
+    table_cache.wait()
+    for file in sorted(table_files(path)):
+        _change_a_value(entry_path(path, file), "")
+    assert_stats_equal(el.Dataset.open(path).stats(), raws)
+
+
+def test_a_table_file_gone_is_corruption_even_with_its_entry_there(recorded):
+    path, _ = recorded
+    el.Dataset.open(path).stats()
+    table_cache.wait()
+    view = el.Dataset.open(path).where("task = 'pick'")
+    view.snapshot().scan()
+    gone = sorted(f for f in table_files(path) if f.startswith("task=pick"))[0]
+    assert os.path.exists(entry_path(path, gone))
+    os.remove(os.path.join(path, layout.TABLE, gone))
+    with pytest.raises(el.CorruptionError, match=re.escape(gone.rsplit("/", 1)[-1])):
+        view.stats()
+
+
+FORKED = r"""
+import os, sys
+import episodelake as el
+first, second = sys.argv[1:]
+el.Dataset.open(first).stats()  # this process's cache writer starts
+ds = el.Dataset.open(second)
+ds.snapshot().scan()  # opened before the fork: deltalake cannot open a table in a forked child
+pid = os.fork()
+if pid == 0:
+    ds.stats()  # the child's entries: written by its own writer, waited for at its exit
+else:
+    _, status = os.waitpid(pid, 0)
+    sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_a_forked_childs_entries_are_written_by_its_own_writer_before_it_exits(tmp_path):
+    first, second = str(tmp_path / "a"), str(tmp_path / "b")
+    build_robot_dataset(first, seed=1, episodes=12, per_commit=4, max_length=8)
+    raws = build_robot_dataset(second, seed=2, episodes=12, per_commit=4, max_length=8)
+    done = subprocess.run([sys.executable, "-c", FORKED, first, second], timeout=240)
+    assert done.returncode == 0
+    assert entries(first) == table_files(first)
+    assert entries(second) == table_files(second)
+    loc = resolve(second)
+    assert all(table_cache.load(loc, table_cache.stats_entry(loc, f)) is not None for f in table_files(second))
+    assert_stats_equal(el.Dataset.open(second).stats(), raws)

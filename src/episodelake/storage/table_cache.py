@@ -103,11 +103,9 @@ def load(loc: Location, entry: Entry) -> pa.Table | None:
     return table.replace_schema_metadata(None)
 
 
-def store(loc: Location, entry: Entry, table: pa.Table) -> pa.Table:
-    """Keep ``table`` as the entry; the entry, mapped (``table`` itself when it could not be written).
-
-    A failure to write (a read-only directory, a full disk) leaves no entry and is not an error.
-    """
+def store(loc: Location, entry: Entry, table: pa.Table) -> None:
+    """Keep ``table`` as the entry. A failure to write (a read-only directory, a full disk) leaves no entry
+    and is not an error."""
     path = loc.child(*entry.parts)
     temp = layout.temp_name(path)
     try:
@@ -122,9 +120,6 @@ def store(loc: Location, entry: Entry, table: pa.Table) -> pa.Table:
     except OSError:
         with contextlib.suppress(OSError):
             os.remove(temp)
-        return table
-    mapped = load(loc, entry)
-    return table if mapped is None else mapped
 
 
 def store_later(loc: Location, entry: Entry, table: pa.Table) -> None:
