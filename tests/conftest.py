@@ -24,15 +24,25 @@ def robot_schema(image: bool = True) -> el.DatasetSchema:
     return el.DatasetSchema(fields)
 
 
-def build_robot_dataset(path: str, seed: int, episodes: int, per_commit: int, max_length: int) -> list:
+def build_robot_dataset(
+    path: str, seed: int, episodes: int, per_commit: int, max_length: int, min_length: int = 2, checks: tuple = ()
+) -> list:
     """A partitioned on-disk dataset of reference episodes, committed ``per_commit`` at a time."""
     rng = np.random.default_rng(seed)
-    raws = [random_episode(rng, int(rng.integers(2, max_length))) for _ in range(episodes)]
-    ds = el.Dataset.create(robot_schema(), path, partition_by=["task"])
+    raws = [random_episode(rng, int(rng.integers(min_length, max_length))) for _ in range(episodes)]
+    ds = el.Dataset.create(robot_schema(), path, partition_by=["task"], checks=list(checks))
     for i in range(0, episodes, per_commit):
         ds.append_episodes(r.as_dict(unwrap_action=True) for r in raws[i : i + per_commit])
         ds.flush()
     return raws
+
+
+def build_quarantining_dataset(path: str, seed: int, episodes: int, per_commit: int) -> tuple[el.Dataset, list]:
+    """Like :func:`build_robot_dataset`, with a check quarantining every episode without a positive return;
+    the dataset and its raw episodes."""
+    check = el.Check("positive", '"return" > 0', on_fail="quarantine")
+    raws = build_robot_dataset(path, seed, episodes, per_commit, max_length=12, min_length=1, checks=(check,))
+    return el.Dataset.open(path), raws
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 import episodelake as el
 from episodelake.core.stats import StatsTable, _fold
 
-from .conftest import robot_schema
+from .conftest import build_quarantining_dataset, robot_schema
 from .reference import random_episode
 from .test_query import assert_stats_equal
 from .test_stats_scale import stat_rows, state_field
@@ -72,14 +72,8 @@ def test_file_totals_merge_equals_numpy_over_the_values(drawn):
 
 
 def test_whole_dataset_stats_leave_quarantined_episodes_out_of_file_totals(tmp_path):
-    rng = np.random.default_rng(11)
-    raws = [random_episode(rng, int(rng.integers(1, 12))) for _ in range(36)]
-    check = el.Check("positive", '"return" > 0', on_fail="quarantine")
     path = str(tmp_path / "ds")
-    ds = el.Dataset.create(robot_schema(), path, partition_by=["task"], checks=[check])
-    for lo in range(0, len(raws), 9):  # four commits over two partitions: several table files
-        ds.append_episodes(r.as_dict(unwrap_action=True) for r in raws[lo : lo + 9])
-        ds.flush()
+    ds, raws = build_quarantining_dataset(path, seed=11, episodes=36, per_commit=9)  # four commits, two partitions
     shown = [r for r in raws if r.reward.astype(np.float64).sum() > 0]
     held = [r for r in raws if r.reward.astype(np.float64).sum() <= 0]
     assert shown and held

@@ -25,7 +25,7 @@ import episodelake as el
 from episodelake.storage import layout, table_cache
 from episodelake.storage.location import resolve
 
-from .conftest import build_robot_dataset, robot_schema
+from .conftest import build_quarantining_dataset, build_robot_dataset
 from .reference import random_episode
 from .test_query import assert_stats_equal
 
@@ -193,14 +193,8 @@ def test_a_rewritten_table_file_invalidates_its_entry(recorded):
 
 
 def test_quarantined_episodes_stay_out_of_cached_statistics(tmp_path):
-    rng = np.random.default_rng(11)
-    raws = [random_episode(rng, int(rng.integers(1, 12))) for _ in range(36)]
-    check = el.Check("positive", '"return" > 0', on_fail="quarantine")
     path = str(tmp_path / "ds")
-    ds = el.Dataset.create(robot_schema(), path, partition_by=["task"], checks=[check])
-    for lo in range(0, len(raws), 9):
-        ds.append_episodes(r.as_dict(unwrap_action=True) for r in raws[lo : lo + 9])
-        ds.flush()
+    ds, raws = build_quarantining_dataset(path, seed=11, episodes=36, per_commit=9)
     shown = [r for r in raws if r.reward.astype(np.float64).sum() > 0]
     held = [r for r in raws if r.reward.astype(np.float64).sum() <= 0]
     assert shown and held
@@ -294,14 +288,8 @@ def test_order_keys_follow_the_version(recorded):
 
 
 def test_quarantined_and_visible_snapshots_place_their_own_episodes(tmp_path):
-    rng = np.random.default_rng(12)
-    raws = [random_episode(rng, int(rng.integers(1, 12))) for _ in range(30)]
-    check = el.Check("positive", '"return" > 0', on_fail="quarantine")
     path = str(tmp_path / "ds")
-    ds = el.Dataset.create(robot_schema(), path, partition_by=["task"], checks=[check])
-    for lo in range(0, len(raws), 10):
-        ds.append_episodes(r.as_dict(unwrap_action=True) for r in raws[lo : lo + 10])
-        ds.flush()
+    _, raws = build_quarantining_dataset(path, seed=12, episodes=30, per_commit=10)
     positive = {id(r) for r in raws if r.reward.astype(np.float64).sum() > 0}
     assert 0 < len(positive) < len(raws)
     for _ in range(2):  # the first reads and writes each snapshot's keys, the second maps them
@@ -378,3 +366,24 @@ def test_a_forked_childs_entries_are_written_by_its_own_writer_before_it_exits(t
     loc = resolve(second)
     assert all(table_cache.load(loc, table_cache.stats_entry(loc, f)) is not None for f in table_files(second))
     assert_stats_equal(el.Dataset.open(second).stats(), raws)
+
+
+BROKEN = r"""
+import sys
+import pyarrow as pa
+from episodelake.storage import table_cache
+from episodelake.storage.location import resolve
+loc = resolve(sys.argv[1])
+table = pa.table({"x": [1, 2, 3]})
+table_cache.store_later(loc, table_cache.Entry(("cache", "bad.arrow"), {b"tag": 1}), table)  # raises: not bytes
+table_cache.store_later(loc, table_cache.Entry(("cache", "good.arrow"), {b"tag": b"1"}), table)
+"""
+
+
+def test_an_entry_that_raises_leaves_the_writer_running_and_the_exit_waits_for_the_rest(tmp_path):
+    done = subprocess.run([sys.executable, "-c", BROKEN, str(tmp_path)], capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr
+    assert "table cache entry cache/bad.arrow not written" in done.stderr
+    got = table_cache.load(resolve(str(tmp_path)), table_cache.Entry(("cache", "good.arrow"), {b"tag": b"1"}))
+    assert got is not None and got.column("x").to_pylist() == [1, 2, 3]
+    assert not os.path.exists(tmp_path / "cache" / "bad.arrow")

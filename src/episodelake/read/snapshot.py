@@ -516,8 +516,10 @@ class Snapshot:
             table = _mapped(self.arrow_dataset(), [fragment]).to_table(columns=read, memory_pool=_read_pool())
         except (OSError, pa.ArrowException) as exc:
             raise self.unreadable(read, exc) from exc
-        unflagged = pa.array(np.zeros(len(table), dtype=bool))
-        flags = table.column(QUARANTINED).fill_null(False) if QUARANTINED in read else unflagged
+        if QUARANTINED in read:
+            flags = table.column(QUARANTINED).fill_null(False)
+        else:
+            flags = pa.chunked_array([np.zeros(len(table), dtype=bool)], pa.bool_())
         return table.select(names).append_column(QUARANTINED, flags)
 
     def _visible_rows(self, table: pa.Table, expected: int) -> pa.Table | None:

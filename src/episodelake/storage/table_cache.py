@@ -21,14 +21,14 @@ The cache is never the truth. An entry records what it was decoded from
 (:class:`Entry` ``tags``: the table file and its byte size, or the version
 and a digest of its file names), its row count and a checksum of its bytes;
 one that is missing, truncated, damaged, stale or unreadable is ignored (the
-caller decodes again and rewrites it). Entries are written to a temporary sibling and renamed, so a
-crash leaves no partial entry under an entry's name. Entries are written by
-one background thread (:func:`store_later`: writing 160 MB took as long as
-decoding it), which the exit joins (lifecycle stage ``cache writes``,
-:func:`wait`); :func:`prune` (run by
-every table vacuum) removes the statistics of removed files and stale
-temporary files. ``EPISODELAKE_TABLE_CACHE=0`` turns the cache off; a dataset
-directory that cannot be written to simply keeps none.
+caller decodes again and rewrites it). Entries are written by one background
+thread per process (:func:`store_later`: writing 160 MB took as long as
+decoding it), which the exit waits for (lifecycle stage ``cache writes``,
+:func:`wait`), to a temporary sibling then renamed, so a crash leaves no
+partial entry under an entry's name. :func:`prune` (run by every table
+vacuum) removes the statistics of removed files and stale temporary files.
+``EPISODELAKE_TABLE_CACHE=0`` turns the cache off; a dataset directory that
+cannot be written to simply keeps none, and a read-only dataset writes none.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ import queue
 import struct
 import threading
 import time
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -117,7 +118,7 @@ def store(loc: Location, entry: Entry, table: pa.Table) -> None:
         with open(temp, "ab") as fh:
             fh.write(struct.pack("<Q", total) + _MAGIC)
         os.replace(temp, path)
-    except OSError:
+    except (OSError, pa.ArrowException):
         with contextlib.suppress(OSError):
             os.remove(temp)
 
@@ -150,10 +151,13 @@ def _writer() -> queue.Queue[tuple[Location, Entry, pa.Table]]:
 
 
 def _write_all(todo: queue.Queue[tuple[Location, Entry, pa.Table]]) -> None:
+    """The writer thread: never ends, whatever one entry raises (:func:`wait` at exit would wait forever)."""
     while True:
         loc, entry, table = todo.get()
         try:
             store(loc, entry, table)
+        except Exception as exc:  # a bug, not a storage fault: said once per entry, the next ones still written
+            warnings.warn(f"episodelake: table cache entry {'/'.join(entry.parts)} not written: {exc}", stacklevel=1)
         finally:
             todo.task_done()
 
@@ -186,16 +190,14 @@ def column(table: pa.Table, name: str) -> np.ndarray:
     return (col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()).to_numpy()
 
 
-def prune(loc: Location, older_than_s: float) -> list[str]:
-    """Remove the statistics of table files that are gone, and temporary files older than ``older_than_s``;
-    their paths, sorted."""
+def prune(loc: Location, older_than_s: float) -> None:
+    """Remove the statistics of table files that are gone, and temporary files older than ``older_than_s``."""
     cache = loc.child(*layout.CACHE)
     if not loc.is_local or not os.path.isdir(cache):
-        return []
+        return
     stats = loc.child(*layout.stats_cache_parts())
     table = loc.child(*layout.table_parts())
     cutoff = time.time() - older_than_s
-    removed = []
     for folder, _, names in os.walk(cache):
         for name in names:
             path = os.path.join(folder, name)
@@ -209,8 +211,6 @@ def prune(loc: Location, older_than_s: float) -> list[str]:
             if doomed:
                 with contextlib.suppress(FileNotFoundError):  # a concurrent vacuum removed it first
                     os.remove(path)
-                    removed.append(path)
-    return sorted(removed)
 
 
 def _mtime(path: str) -> float:
