@@ -16,7 +16,7 @@ the kinds in :data:`OPERATORS` (comparisons off by one or flipped, ``and``/
 skips docstrings, comments and mutants that do not compile, and draws
 ``--per-module`` of them with a seeded generator (same seed, same tree: same
 mutants). The hand-planted :data:`NAMED` mutations (bugs found in 0.2) run
-too. Each mutant is written into the copy, the module's test files run
+too (``--no-named`` leaves them out). Each mutant is written into the copy, the module's test files run
 (``pytest -x -q``, default markers; tests named one by one run whatever
 their marker) with the copy first on ``PYTHONPATH``, and
 the outcome recorded: ``killed`` (a test failed), ``survived`` (all passed),
@@ -78,7 +78,7 @@ MODULE_TESTS: dict[str, list[str]] = {
     "ops/edit": ["test_edit.py"],
     "read/collection": ["test_collection.py", "test_concat.py"],
     "read/selection": ["test_query.py", "test_properties_selection.py"],
-    "core/stats": ["test_stats_scale.py", "test_stats_files.py", "test_query.py"],
+    "core/stats": ["test_stats_scale.py", "test_stats_files.py", "test_query.py", "test_maintenance.py"],
     "storage/table_cache": ["test_table_cache.py", "test_stats_files.py", "test_where_unscanned.py"],
     "read/query": [
         "test_query.py",
@@ -101,6 +101,7 @@ MODULE_TESTS: dict[str, list[str]] = {
     "storage/location": ["test_location.py", "test_secrets.py", "test_properties_location.py"],
     "storage/fetch": ["test_snapshot_reads.py", "test_fork_workers.py"],
     "read/batching": ["test_sampling.py", "test_properties_sampling.py", "test_resident.py", "test_follow_pending.py"],
+    "lineage": ["test_lineage.py", "test_options.py", "test_secrets.py"],
     "dataset": ["test_read_your_writes.py", "test_properties_read_your_writes.py"],
 }
 # modules drawn from when --modules is not given (dataset.py only carries a named mutation)
@@ -417,6 +418,7 @@ def main() -> None:
     ap.add_argument("--copy", type=Path, default=Path("/tmp/episodelake-mut"))
     ap.add_argument("--modules", nargs="*", default=DEFAULT_MODULES, help="paths under src/episodelake/, no .py")
     ap.add_argument("--named-only", action="store_true")
+    ap.add_argument("--no-named", action="store_true", help="leave out the named mutations (drawn ones only)")
     ap.add_argument("--rerun", type=Path, help="run only the survivors recorded in this results file")
     ap.add_argument("--out", type=Path, default=Path("mutation-results.jsonl"))
     ap.add_argument("--properties", choices=["with", "without", "only"], default="with", help="tests/test_properties_*")
@@ -432,7 +434,7 @@ def main() -> None:
     modules = list(dict.fromkeys([*args.modules, *(m for _, m, _, _ in NAMED)]))
     copy_tree(args.copy, args.rev)
     src = args.copy / PKG
-    plan: list[tuple[Mutant, str]] = named_mutants(modules, src)
+    plan: list[tuple[Mutant, str]] = [] if args.no_named else named_mutants(modules, src)
     if not args.named_only and not args.rerun:
         for module in args.modules:
             if module != "dataset":
