@@ -51,6 +51,7 @@ from .read.selection import select
 from .sampling.batch import SegmentBatch, Transitions
 from .sampling.options import Shard, Strategy, Weighted, Window, sampler_of, window_of
 from .sampling.segment_index import check_positive, check_seed
+from .sampling.spellings import spelled
 from .sampling.stream import SegmentStream
 from .sampling.trajectories import TrajectoryStream, check_probs, fresh_seed, join_items, to_numpy
 
@@ -317,14 +318,16 @@ class ConcatView:
         where: str | None = None,
         filter: Callable[[EpisodeRef], bool] | None = None,
         transform: Mapping[str, Any] | None = None,
+        **spellings: Any,
     ) -> Transitions:
         """:meth:`Dataset.sample_transitions` over the union: each item's source drawn by ``weights``.
 
         ``batch.source`` holds each item's source index. ``sampler``
         (``el.Uniform()`` or ``el.Weighted``) and the other options apply
-        within each source.
+        within each source; ``spellings``: episodata's (see :func:`~episodelake.sampling.spellings.spelled`).
         """
         B = check_positive(batch_size, "batch_size")
+        spelled("sample_transitions", None, sampler, spellings)
         strategy = self._strategy(sampler, "sample_transitions")
         if rng is None:
             rng = np.random.default_rng(check_seed(seed))
@@ -347,7 +350,7 @@ class ConcatView:
 
     def segment_stream(
         self,
-        window: Window | int,
+        window: Window | int | None = None,
         *,
         batch_size: int = 64,
         sampler: Strategy | None = None,
@@ -359,15 +362,18 @@ class ConcatView:
         drop_last: bool = False,
         follow: bool = False,
         transform: Mapping[str, Any] | None = None,
+        **spellings: Any,
     ) -> ConcatStream:
         """An infinite stream of segment batches mixing the sources (with replacement); see :class:`ConcatStream`.
 
         Arguments are :meth:`Dataset.segment_stream`'s and apply within each
         source; ``sampler``: ``el.Uniform()`` or ``el.Weighted`` (per-episode
         weights need ``el.concat(..., weights=)`` to mix the sources).
-        ``batch.source`` holds each item's source.
+        ``batch.source`` holds each item's source. ``spellings``: episodata's
+        keywords, the same window and sampler (see :func:`~episodelake.sampling.spellings.spelled`).
         """
         B = check_positive(batch_size, "batch_size")
+        window, sampler = spelled("segment_stream", window, sampler, spellings)
         win = window_of(window)
         strategy = self._strategy(sampler, "segment_stream")
         seed = check_seed(seed)

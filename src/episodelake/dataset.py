@@ -19,14 +19,15 @@ import itertools
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 from .core.episode import python_meta, rows_for
-from .core.errors import ArgumentError
+from .core.errors import ArgumentError, DatasetNotFoundError
 from .core.schema import DatasetSchema, infer_schema
 from .core.segments import Segment
+from .core.spellings import backend_path, refuse, seed_episode
 from .ops.copy import KEEP
 from .ops.namespaces import Columns, Edit, Maintenance
 from .read.collection import EpisodeCollection, selection
@@ -114,6 +115,14 @@ class EpisodeRef:
             episode_id=self.episode_id,
             start=start,
         )
+
+    def __len__(self) -> int:
+        """Transitions in the episode (:attr:`length`)."""
+        return self.length
+
+    def __getattr__(self, name: str) -> Any:
+        """episodata's episode attributes are refused with what to write instead (:mod:`.core.spellings`)."""
+        refuse("EpisodeRef", name)
 
     def __repr__(self) -> str:
         return f"EpisodeRef(id={self.episode_id}, length={self.length})"
@@ -240,12 +249,13 @@ class CollectionReads:
     # ---- sampling (segment_dataset.py, stream.py, transitions.py; options: options.py)
     def segments(
         self,
-        window: Window | int,
+        window: Window | int | None = None,
         *,
         where: str | None = None,
         filter: Callable[[EpisodeRef], bool] | None = None,
         shard: Shard | Sequence[int] | None = None,
         transform: Mapping[str, Any] | None = None,
+        **spellings: Any,
     ) -> SegmentDataset:
         """Map-style dataset of fixed-length segments (PyTorch DataLoader ready).
 
@@ -257,15 +267,19 @@ class CollectionReads:
         disjoint part; ``transform``: per field key, a
         :class:`~episodelake.transforms.FrameTransform` (crop/resize/normalize/layout
         on decode) or a callable on the batch array. See
-        :class:`segment_dataset.SegmentDataset`.
+        :class:`segment_dataset.SegmentDataset`. ``spellings``: episodata's
+        keywords (``sequence_length=``, ``context_length=``/``target_length=``,
+        ``pad=``), the same window (see :func:`~episodelake.sampling.spellings.spelled`).
         """
         from .sampling.segment_dataset import SegmentDataset
+        from .sampling.spellings import spelled
 
+        window, _ = spelled("segments", window, None, spellings)
         return SegmentDataset(self, window, where=where, filter=filter, shard=shard, transform=transform)
 
     def segment_stream(
         self,
-        window: Window | int,
+        window: Window | int | None = None,
         *,
         batch_size: int = 64,
         sampler: Strategy | Sampler | None = None,
@@ -278,6 +292,7 @@ class CollectionReads:
         follow: bool = False,
         transform: Mapping[str, Any] | None = None,
         anchors: Anchors | None = None,
+        **spellings: Any,
     ) -> SegmentStream:
         """The training stream of segment batches (``el.Batch``); every argument: :class:`stream.SegmentStream`.
 
@@ -292,8 +307,15 @@ class CollectionReads:
         (``stream.refresh()``); ``transform=`` per field: see :meth:`segments`;
         ``anchors=el.Anchors(predicate, offset)``: the segments positioned on
         the steps a SQL predicate over ``steps`` picks, one per anchor.
+        ``spellings``: episodata's keywords (``sequence_length=``,
+        ``context_length=``/``target_length=``, ``pad=``, ``shuffle=``, ...),
+        translated into the same window and sampler by
+        :func:`~episodelake.sampling.spellings.spelled`.
         """
+        from .sampling.spellings import spelled
         from .sampling.stream import SegmentStream
+
+        window, sampler = spelled("segment_stream", window, sampler, spellings)
 
         return SegmentStream(
             self,
@@ -326,6 +348,7 @@ class CollectionReads:
         filter: Callable[[EpisodeRef], bool] | None = None,
         transform: Mapping[str, Any] | None = None,
         anchors: Anchors | None = None,
+        **spellings: Any,
     ) -> Transitions:
         """``batch_size`` single transitions (time axis removed), uniform with replacement by default.
 
@@ -338,9 +361,13 @@ class CollectionReads:
         across calls; ``transform=`` per field: see :meth:`segments`;
         ``anchors=el.Anchors(predicate, offset)``: only the transitions
         ``offset`` steps from the steps the predicate picks. See
-        :func:`transitions.sample_transitions`.
+        :func:`transitions.sample_transitions`. ``spellings``: episodata's
+        ``fields=None`` (see :func:`~episodelake.sampling.spellings.spelled`).
         """
+        from .sampling.spellings import spelled
         from .sampling.transitions import sample_transitions
+
+        spelled("sample_transitions", None, sampler, spellings)
 
         return sample_transitions(
             self,
@@ -418,6 +445,7 @@ class CollectionReads:
         progress: bool | None = None,
         verify: bool = True,
         batch_bytes: int = 256 << 20,
+        backend: str | None = None,
     ) -> Dataset:
         """Copy these episodes to ``dest`` (None: memory; disk or object storage), verified.
 
@@ -425,9 +453,11 @@ class CollectionReads:
         field, or per field key as a mapping (omitted: as the source has it);
         ``codecs`` re-encodes fields with frame codecs (``{"observation/camera":
         ("jpeg", 90)}``, ``"jpegxl-lossless"``: exact; ``None``: raw or ``compression``). See :func:`copy.copy_to`.
+        ``backend``: episodata's ``"memory"`` or ``"zarr"`` (see :func:`~episodelake.core.spellings.backend_path`).
         """
         from .ops.copy import copy_to
 
+        dest = backend_path(dest, backend, "copy_to")
         copied = copy_to(
             self._origin._store,
             self.snapshot(),
@@ -594,6 +624,10 @@ class Dataset(CollectionReads):
     def _origin(self) -> Dataset:
         return self
 
+    def __getattr__(self, name: str) -> Any:
+        """episodata's writer calls by episode id are refused with what to write instead (:mod:`.core.spellings`)."""
+        refuse("Dataset", name)
+
     # ---- construction
     @classmethod
     def create(
@@ -611,6 +645,7 @@ class Dataset(CollectionReads):
         commit_seconds: float = 30.0,
         capacity: Capacity | int | Mapping[str, Any] | None = None,
         checks: Iterable[Check] = (),
+        backend: str | None = None,
     ) -> Dataset:
         """Create an empty dataset at ``path`` (None: in memory).
 
@@ -624,7 +659,10 @@ class Dataset(CollectionReads):
         Fields declared ``derived=True`` become derived columns (``columns.update``).
         ``checks`` (``el.Check``) are stored with the dataset (``quality``), each
         bound over the schema's views before anything is created.
+        ``backend``: episodata's ``"memory"`` or ``"zarr"`` (see
+        :func:`~episodelake.core.spellings.backend_path`).
         """
+        path = backend_path(path, backend, "create")
         if checks:
             from .ops.namespaces import bound_checks
 
@@ -677,6 +715,7 @@ class Dataset(CollectionReads):
         commit_episodes: int = 64,
         commit_bytes: int = 256 << 20,
         commit_seconds: float = 30.0,
+        backend: str | None = None,
         **unknown: Any,
     ) -> Dataset:
         """Open a dataset; ``version=N`` opens that table version (time travel, read-only).
@@ -689,9 +728,11 @@ class Dataset(CollectionReads):
         issue no GET (see docs/object-storage.md). ``cache_dir`` (object
         stores) caches them on disk instead, shared by every process of the
         node, bounded by ``cache_bytes`` (default 10 GiB). The commit_* options are
-        :meth:`create`'s, for the episodes this object writes. Any other
-        keyword raises :class:`ArgumentError`.
+        :meth:`create`'s, for the episodes this object writes. ``backend``:
+        episodata's ``"memory"`` or ``"zarr"``, checked against ``path``. Any
+        other keyword raises :class:`ArgumentError`.
         """
+        path = backend_path(path, backend, "open")
         if unknown:
             raise ArgumentError(f"unknown option(s) {sorted(unknown)}; writer options are {list(WRITER_OPTIONS)}")
         writer_options = {
@@ -703,13 +744,22 @@ class Dataset(CollectionReads):
             raise ArgumentError(f"cache_bytes must be an int >= 0, got {cache_bytes!r}")
         if cache_dir is not None and not isinstance(cache_dir, str | os.PathLike):
             raise ArgumentError(f"cache_dir must be a directory path, got {cache_dir!r}")
-        store = Store.open(
-            resolve(path, dict(storage_options or {})),
-            version,
-            read_only=read_only,
-            cache_bytes=cache_bytes,
-            cache_dir=None if cache_dir is None else os.fspath(cache_dir),
-        )
+        location = resolve(path, dict(storage_options or {}))
+        try:
+            store = Store.open(
+                location,
+                version,
+                read_only=read_only,
+                cache_bytes=cache_bytes,
+                cache_dir=None if cache_dir is None else os.fspath(cache_dir),
+            )
+        except DatasetNotFoundError:
+            if location.protocol == "file" and os.path.isfile(os.path.join(location.path, "manifest.json")):
+                raise DatasetNotFoundError(
+                    f"{location.url} is an episodata dataset (manifest.json), not an episodelake one; import it once: "
+                    "episodelake.importers.episodata.load(path, dest), or `episodelake import episodata path dest`"
+                ) from None
+            raise
         ds = cls(store, writer_options=writer_options)
         ds._verify = verify
         return ds
@@ -731,6 +781,8 @@ class Dataset(CollectionReads):
         commit_seconds: float = 30.0,
         lengths: ArrayLike | None = None,
         checks: Iterable[Check] = (),
+        backend: str | None = None,
+        alignment: str | None = None,
     ) -> Dataset:
         """Create a dataset from dict-form episodes (or columns with ``lengths``) and commit them.
 
@@ -742,8 +794,14 @@ class Dataset(CollectionReads):
         schema is inferred from the first episode unless given. The keyword
         options are :meth:`create`'s (``checks`` too: the episodes given pass
         them at commit); ``lengths``: see :meth:`append_episodes`.
-        Bulk: one commit per large batch (see :mod:`bulk`).
+        Bulk: one commit per large batch (see :mod:`bulk`). episodata's
+        spellings: ``backend`` (``"memory"`` or ``"zarr"``), a schema given
+        second (``from_episodes(episodes, schema)``), its episode keys
+        (``final_observation``, ``infos`` with ``initial_info``/``final_info``)
+        and ``alignment`` (see :func:`~episodelake.core.spellings.seed_episode`).
         """
+        if isinstance(path, DatasetSchema):  # episodata's order: from_episodes(episodes, schema, path)
+            path, schema = cast(Any, schema), path
         if lengths is not None:
             if not isinstance(episodes, Mapping):
                 raise ArgumentError("with lengths=, from_episodes takes one mapping of concatenated columns")
@@ -751,7 +809,7 @@ class Dataset(CollectionReads):
             first: Mapping[str, Any] | None = {**episodes, "meta": {k: v[0] for k, v in meta.items() if len(v)}}
             it: Iterator[Mapping[str, Any]] = iter(())
         else:
-            it = iter(episodes)  # type: ignore[arg-type]  # an iterable of dicts without lengths=
+            it = (seed_episode(e, alignment) for e in episodes)  # type: ignore[arg-type]  # dicts, no lengths=
             first = next(it, None)
         if schema is None:
             if first is None:
@@ -760,6 +818,7 @@ class Dataset(CollectionReads):
         ds = cls.create(
             schema,
             path,
+            backend=backend,
             storage_options=storage_options,
             partition_by=partition_by,
             overwrite=overwrite,
@@ -789,8 +848,27 @@ class Dataset(CollectionReads):
             sink = self._sink = CommitSink(self._store, **self._writer_options)
         return sink
 
-    def new_episode(self, initial_obs: Any, **meta: Any) -> EpisodeWriter:
-        """Start recording an episode at its reset observation; ``meta`` are meta fields."""
+    def new_episode(self, initial_obs: Any = None, infos: Any = None, **meta: Any) -> EpisodeWriter:
+        """Start recording an episode at its reset observation; ``meta`` are meta fields.
+
+        episodata's spellings: ``observations=`` is ``initial_obs``; ``infos``
+        (the reset's info) is taken and not stored: the reset has no
+        transition for it to belong to (each step's infos are stored as
+        extras). Without a reset observation, :class:`ArgumentError`.
+        """
+        names = {f.name for f in self.schema.meta_fields}
+        if infos is not None and "infos" in names:  # a meta field of that name
+            meta["infos"], infos = infos, None
+        if initial_obs is None and "observations" in meta and "observations" not in names:
+            initial_obs = meta.pop("observations")
+        if initial_obs is None:
+            raise ArgumentError(
+                "new_episode needs the reset observation: ds.new_episode(obs) with obs, info = env.reset(); "
+                "for action-out data (episodata's ActionOutWriter) write whole episodes with final_observation "
+                "through ds.append_episodes"
+            )
+        if infos is not None and not isinstance(infos, Mapping):
+            raise ArgumentError(f"new_episode: infos must be the reset's info dict, got {type(infos).__name__}")
         return EpisodeWriter(self._writer(), initial_obs, meta)
 
     def vector_writer(
@@ -825,6 +903,8 @@ class Dataset(CollectionReads):
         writes nothing (a read-only dataset too); it returns how many episodes
         would be appended.
         """
+        if lengths is None and not isinstance(episodes, Mapping):
+            episodes = map(seed_episode, episodes)  # episodata's episode keys (action-out, infos)
         if dry_run:
             return bulk_check(self.schema, episodes, lengths)
         return bulk_append(self._writer(), episodes, lengths)

@@ -33,6 +33,7 @@ import numpy as np
 
 from .errors import FieldKeyError
 from .schema import ROLE_ALIASES, DatasetSchema, role_of
+from .spellings import refuse
 
 
 def meta_fill(dtype: np.dtype) -> Any:
@@ -278,8 +279,8 @@ class Segment:
         return self.role("observation", slice(1, None))
 
     all_observations = all_obs
-    observation = obs
-    next_observation = next_obs
+    observation = observations = obs
+    next_observation = next_observations = next_obs
 
     @property
     def action(self) -> Any:
@@ -288,6 +289,12 @@ class Segment:
     @property
     def reward(self) -> Any:
         return self.role("reward")
+
+    actions, rewards = action, reward  # episodata's plural names
+
+    def __getattr__(self, name: str) -> Any:
+        """episodata's info views are refused with what to read instead (:mod:`episodelake.core.spellings`)."""
+        refuse("Segment", name)
 
     @property
     def extra(self) -> Any:

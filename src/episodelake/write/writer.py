@@ -31,6 +31,7 @@ from ..core.checks import check_flags, check_meta, check_values, missing_require
 from ..core.episode import FinishedEpisode, python_meta
 from ..core.errors import ArgumentError, EpisodeStateError, QualityError, ValidationError
 from ..core.schema import STEP_KEYS, DatasetSchema, FieldSpec, flatten_role
+from ..core.spellings import refuse
 from .commit import CommitSink
 
 Meta = Mapping[str, Any]
@@ -321,6 +322,10 @@ class EpisodeWriter:
                 self.discard()
         elif self._state == "awaiting" and exc_type is not None:
             self.discard()
+
+    def __getattr__(self, name: str) -> Any:
+        """episodata's writer calls (``end``, ``add_steps``, ``episode_id``) are refused with what to write instead."""
+        refuse("EpisodeWriter", name)
 
     def __repr__(self) -> str:
         missing = self.awaiting_meta
