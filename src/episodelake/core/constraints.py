@@ -13,14 +13,20 @@ rows a writer hands over (no stored data is read). Rules:
   bit for bit within the episode; the failing step is the run's
   ``(k + 1)``-th row.
 
-A constraint rejects: there is no ``on_fail`` on a constraint (a SQL
-:class:`~episodelake.core.quality.Check` quarantines or warns instead).
+What a violation does is the field's ``on_fail`` (``FieldSpec(on_fail=)``,
+per field or per constraint): ``reject`` (default) raises
+:class:`QualityError`; ``quarantine`` and ``warn`` are returned for the gate
+to record, as a :class:`~episodelake.core.quality.Check`'s are, under the
+name ``"<field key>: <constraint>"`` (``Violation.name``).
+
+Messages print plain values (Python numbers and strings, never NumPy reprs).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -32,17 +38,41 @@ from .summary import WINDOW_BYTES
 
 @dataclass(frozen=True)
 class Violation:
-    """The first failure of one constraint in a batch: the episode (batch index), its step (None: meta)."""
+    """The first failure of one constraint in one episode: the episode (batch index), its step (None: meta)."""
 
     episode: int
     step: int | None
     field: FieldSpec
     constraint: str
 
+    @property
+    def name(self) -> str:
+        """``"<field key>: <constraint>"``: ``QualityError.check`` and the entry in ``checks_failed``."""
+        return f"{self.field.key}: {self.constraint}"
+
+    @property
+    def on_fail(self) -> str:
+        """What the violation does: ``reject``, ``quarantine`` or ``warn`` (the field's ``on_fail``)."""
+        return self.field.on_fail_of(self.constraint)
+
     def describe(self) -> str:
-        value = getattr(self.field, self.constraint)
+        value = plain(getattr(self.field, self.constraint))
         at = "" if self.step is None else f" at step {self.step}"
         return f"field {self.field.key!r} fails {self.constraint}={value!r}{at}"
+
+
+def plain(value: Any) -> Any:
+    """``value`` with NumPy scalars and arrays (also inside dicts, lists and tuples) as plain Python values.
+
+    For messages: ``{'seed': 3}``, never ``{'seed': array(3, dtype=uint64)}``.
+    """
+    if isinstance(value, np.ndarray | np.generic):
+        return value.tolist()
+    if isinstance(value, Mapping):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(plain(v) for v in value)
+    return value
 
 
 def constrained(schema: DatasetSchema) -> list[FieldSpec]:
@@ -50,41 +80,57 @@ def constrained(schema: DatasetSchema) -> list[FieldSpec]:
     return [f for f in schema.fields if any(getattr(f, k) is not None for k in CONSTRAINTS)]
 
 
-def first_violation(schema: DatasetSchema, batch: EpisodeBatch) -> Violation | None:
-    """The violation in the lowest-numbered episode of ``batch`` (ties: schema order, then constraint order)."""
+def violations(schema: DatasetSchema, batch: EpisodeBatch) -> list[Violation]:
+    """Every (episode, field, constraint) of ``batch`` that fails, each with its first failing step.
+
+    Ordered by field (schema order), then constraint (:data:`CONSTRAINTS`
+    order), then episode. One NumPy pass per field and constraint; Python
+    objects only for the failures.
+    """
     found: list[Violation] = []
     for f in constrained(schema):
         if f.role == "meta":
             values, valid = batch.meta[f.name]
             rows = np.asarray(values).reshape(len(batch), -1)
             for bound in ("min", "max"):
+                if getattr(f, bound) is None:
+                    continue
                 bad = _out_of_bounds(f, bound, rows) & valid
-                if bad.any():
-                    found.append(Violation(int(np.argmax(bad)), None, f, bound))
+                found += [Violation(e, None, f, bound) for e in np.flatnonzero(bad).tolist()]
             continue
         rows = batch.data[f.key].reshape(len(batch.data[f.key]), -1)
         starts = batch.row_starts(f)
         for constraint in CONSTRAINTS:
             if getattr(f, constraint) is None:
                 continue
-            bad_rows = _CHECKS[constraint](f, rows, starts)
-            if bad_rows.any():
-                r = int(np.argmax(bad_rows))
-                e = int(np.searchsorted(starts, r, side="right")) - 1
-                found.append(Violation(e, r - int(starts[e]), f, constraint))
-    return min(found, key=lambda v: v.episode) if found else None
+            bad_rows = np.flatnonzero(_CHECKS[constraint](f, rows, starts))
+            if not bad_rows.size:
+                continue
+            episodes = np.searchsorted(starts, bad_rows, side="right") - 1
+            failing, first = np.unique(episodes, return_index=True)  # each episode's first failing row
+            steps = bad_rows[first] - starts[failing]
+            found += [Violation(e, s, f, constraint) for e, s in zip(failing.tolist(), steps.tolist(), strict=True)]
+    return found
 
 
-def check_constraints(schema: DatasetSchema, batch: EpisodeBatch, label: Callable[[int], str]) -> None:
-    """Raise :class:`QualityError` for the first violation in ``batch`` (``label(i)`` names episode ``i``)."""
-    v = first_violation(schema, batch)
-    if v is not None:
+def check_constraints(schema: DatasetSchema, batch: EpisodeBatch, label: Callable[[int], str]) -> list[Violation]:
+    """The ``quarantine``/``warn`` violations of ``batch``, or :class:`QualityError` for its first rejecting one.
+
+    ``label(i)`` names episode ``i`` in the error. The first rejection is the
+    one in the lowest-numbered episode (ties: schema order, then constraint
+    order); a batch with one raises and returns nothing.
+    """
+    found = violations(schema, batch)
+    rejected = [v for v in found if v.on_fail == "reject"]
+    if rejected:
+        v = min(rejected, key=lambda v: v.episode)
         raise QualityError(
             f"{label(v.episode)}: {v.describe()}; the episode was rejected and nothing of it was stored",
-            check=f"{v.field.key}: {v.constraint}",
+            check=v.name,
             episode=v.episode,
             step=v.step,
         )
+    return found
 
 
 @np.errstate(invalid="ignore")

@@ -36,10 +36,10 @@ from typing import Any
 import duckdb
 
 from .errors import ArgumentError, QueryError
+from .schema import ON_FAIL
 
 CHECKS_KEY = "episodelake.checks"  # the episode table property holding the stored checks
 LEVELS = ("episode", "step")
-ON_FAIL = ("reject", "quarantine", "warn")
 FAILURE_COLUMNS = ("check", "episode_id", "step")  # the columns failures_sql returns, in order
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 

@@ -159,8 +159,18 @@ class FieldSpec:
             time-like step fields. ``max_repeat``: at most ``k`` identical
             consecutive rows (bit for bit) within an episode: a frozen
             camera or sensor. Numeric fields only; ``min``/``max`` also on
-            meta fields (NULL passes). A violation rejects the episode with
-            :class:`QualityError` (``core.constraints``).
+            meta fields (NULL passes). What a violation does is ``on_fail``'s.
+        on_fail: what a violated constraint of this field does to the episode
+            (``core.constraints``), as :class:`~episodelake.Check`'s
+            ``on_fail``: ``"reject"`` (default: :class:`QualityError` and
+            nothing of the episode is stored), ``"quarantine"`` (committed,
+            left out of every snapshot but ``ds.quality.quarantine()``'s) or
+            ``"warn"`` (committed normally); both record
+            ``"<field key>: <constraint>"`` in the episode's
+            ``checks_failed``. One string for every constraint of the field,
+            or a mapping from constraint names to actions
+            (``{"max_repeat": "quarantine"}``: the others reject). Only with
+            constraints; dtype, shape and ``finite`` errors always raise.
         chunk_rows: rows per Zarr chunk for tensor fields (default: ~1 MiB chunks).
         compression: lossless compression of tensor fields: ``None`` (raw
             bytes), ``"zstd"`` or Blosc ``"blosc-lz4"``, ``"blosc-zstd"``,
@@ -219,6 +229,7 @@ class FieldSpec:
     max: float | None = None
     monotonic: str | None = None
     max_repeat: int | None = None
+    on_fail: str | Mapping[str, str] = field(default="reject", hash=False)  # a mapping is kept as a dict
     np_dtype: np.dtype = field(init=False, repr=False, compare=False)
     default_value: np.ndarray | None = field(init=False, repr=False, compare=False)
 
@@ -285,6 +296,12 @@ class FieldSpec:
         except ValueError as exc:
             raise SchemaError(f"field {self.name!r}: {exc}") from None
         object.__setattr__(self, "quality", quality)
+
+    def on_fail_of(self, constraint: str) -> str:
+        """What a violation of ``constraint`` (one of :data:`CONSTRAINTS`) does: reject, quarantine or warn."""
+        if isinstance(self.on_fail, str):
+            return self.on_fail
+        return self.on_fail.get(constraint, "reject")
 
     @property
     def lossy(self) -> bool:
@@ -385,6 +402,7 @@ class FieldSpec:
             **({"derived": True} if self.derived else {}),
             **({"codec": self.codec, "quality": self.quality} if self.codec is not None else {}),
             **{k: getattr(self, k) for k in CONSTRAINTS if getattr(self, k) is not None},
+            **({"on_fail": self.on_fail} if self.on_fail != "reject" else {}),
             **({"stored_as": self.stored_as} if self.stored_as is not None else {}),
         }
 
@@ -398,11 +416,13 @@ class FieldSpec:
 
 CONSTRAINTS = ("min", "max", "monotonic", "max_repeat")  # FieldSpec's quality constraints (core.constraints)
 MONOTONIC = ("increasing", "nondecreasing")
+ON_FAIL = ("reject", "quarantine", "warn")  # what a failed constraint or check does (core.quality's Check too)
 
 
 def _check_constraints(f: FieldSpec) -> None:
     """Validate ``f``'s quality constraints (SchemaError naming the field); store min/max as floats."""
     given = [k for k in CONSTRAINTS if getattr(f, k) is not None]
+    _check_on_fail(f, given)
     if not given:
         return
     if f.np_dtype.kind not in "biuf":
@@ -421,8 +441,39 @@ def _check_constraints(f: FieldSpec) -> None:
     if f.monotonic is not None and f.monotonic not in MONOTONIC:
         raise SchemaError(f"field {f.name!r}: monotonic must be one of {MONOTONIC}, got {f.monotonic!r}")
     k = f.max_repeat
-    if k is not None and (isinstance(k, bool) or not isinstance(k, int | np.integer) or k < 1):
-        raise SchemaError(f"field {f.name!r}: max_repeat must be an int >= 1, got {k!r}")
+    if k is not None:
+        if isinstance(k, bool) or not isinstance(k, int | np.integer) or k < 1:
+            raise SchemaError(f"field {f.name!r}: max_repeat must be an int >= 1, got {k!r}")
+        object.__setattr__(f, "max_repeat", int(k))  # a NumPy integer would not serialize
+
+
+def _check_on_fail(f: FieldSpec, given: list[str]) -> None:
+    """Validate ``f.on_fail`` against the constraints ``given`` (SchemaError naming the field); a mapping is kept
+    as a plain dict in :data:`CONSTRAINTS` order."""
+    on_fail = f.on_fail
+    if isinstance(on_fail, str):
+        if on_fail not in ON_FAIL:
+            raise SchemaError(f"field {f.name!r}: on_fail must be one of {ON_FAIL}, got {on_fail!r}")
+        if on_fail != "reject" and not given:
+            raise SchemaError(
+                f"field {f.name!r}: on_fail={on_fail!r} applies to the field's constraints {CONSTRAINTS}, "
+                "and it sets none"
+            )
+        return
+    if not isinstance(on_fail, Mapping):
+        raise SchemaError(
+            f"field {f.name!r}: on_fail must be one of {ON_FAIL} or a mapping from constraint names to them, "
+            f"got {type(on_fail).__name__}"
+        )
+    for name, action in on_fail.items():
+        if name not in given:
+            raise SchemaError(
+                f"field {f.name!r}: on_fail names {name!r}, which is not a constraint the field sets {given}"
+            )
+        if action not in ON_FAIL:
+            raise SchemaError(f"field {f.name!r}: on_fail[{name!r}] must be one of {ON_FAIL}, got {action!r}")
+    kept = {k: on_fail[k] for k in CONSTRAINTS if k in on_fail}
+    object.__setattr__(f, "on_fail", kept or "reject")
 
 
 def _check_default(f: FieldSpec) -> np.ndarray:

@@ -26,14 +26,33 @@ those of them it declares and leaves out the others.
 An episode still running when the recorder is reset or closed was cut short:
 it is dropped unless ``keep_partial=True`` (then it is stored with neither
 flag set).
+
+An episode the dataset's quality gate rejects (a ``FieldSpec`` constraint
+or an ``el.Check`` with ``on_fail="reject"``, judged on its last step) is
+handled by ``on_reject``: ``"raise"`` (default) raises the
+:class:`QualityError` out of the ``step()`` that ended it (the recorder
+stays usable: ``reset()`` starts the next episode); ``"skip"`` drops it and
+goes on: the step returns as usual, ``recorder.rejected`` collects the
+errors (its length is the count), and ``close()`` warns once with the count
+per constraint or check. Quarantined and warned episodes are stored either
+way (``on_fail="quarantine"``/``"warn"``).
+
+Every argument is judged when the recorder is built, also when the dataset
+waits for the first step (undeclared ``info_keys``/``outcome`` fields): the
+create options are tried on an in-memory twin with stand-in fields, so a bad
+check, capacity or option name fails at construction, not at the first
+``step()`` (a check naming a not-yet-typed field binds at creation).
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import importlib.metadata as md
+import inspect
 import json
 import math
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -41,11 +60,12 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv, VectorWrapper
 
-from ..core.errors import ArgumentError, DatasetExistsError, EpisodeStateError, SchemaError, ValidationError
+from ..core.errors import ArgumentError, EpisodeStateError, QualityError, SchemaError, ValidationError
+from ..core.quality import check_list
 from ..core.schema import DatasetSchema, FieldSpec, schema_from_gym_spaces
 from ..dataset import Dataset
-from ..storage.layout import DESCRIPTOR
 from ..storage.location import resolve
+from ..storage.store import check_target
 from ..write.writer import EpisodeWriter, VectorEpisodeWriter
 
 Meta = Mapping[str, Any] | Callable[[dict[str, Any]], Mapping[str, Any]] | None
@@ -180,6 +200,9 @@ def env_info(env: gym.Env | VectorEnv) -> dict[str, Any]:
 _AUTO_META = {"seed": "uint64", "env_id": "str", "env_index": "int64"}
 # create_options that shape the schema rather than being passed on to Dataset.create.
 _SCHEMA_OPTIONS = ("schema", "meta_fields", "reward_dtype", "compression", "field_options")
+# create_options passed on to Dataset.create (everything but the schema and the path).
+_CREATE_OPTIONS = tuple(p for p in inspect.signature(Dataset.create).parameters if p not in ("cls", "schema", "path"))
+ON_REJECT = ("raise", "skip")  # what a recorder does with an episode the quality gate rejects
 
 
 def _auto_names(env: gym.Env | VectorEnv) -> tuple[str, ...]:
@@ -350,6 +373,12 @@ class _Recording:
         self.auto_names = frozenset(_auto_names(env))
         self.path = dataset
         self.schema_options = {k: create_options.pop(k) for k in _SCHEMA_OPTIONS if k in create_options}
+        unknown = sorted(set(create_options) - set(_CREATE_OPTIONS))
+        if unknown:
+            raise ArgumentError(
+                f"unknown recorder option(s) {unknown}; the dataset's options are "
+                f"{sorted([*_SCHEMA_OPTIONS, *_CREATE_OPTIONS])}"
+            )
         self.create_options = create_options
         # Build the schema now with stand-ins for undeclared fields, so bad options fail here, not mid-run.
         extra, meta = self._undeclared(self._schema())
@@ -359,10 +388,26 @@ class _Recording:
         )
         if not extra and not meta:
             self.dataset = dataset_for_env(env, self.path, schema=full, **self.create_options)
-        elif not create_options.get("overwrite"):  # fail now rather than at the first step
-            loc = resolve(dataset, dict(create_options.get("storage_options") or {}))
-            if loc.exists(DESCRIPTOR):
-                raise DatasetExistsError(f"a dataset already exists at {loc.url}; pass overwrite=True to replace it")
+            return
+        # fail now rather than at the first step: the target, then every option on an in-memory twin
+        check_target(
+            resolve(dataset, dict(create_options.get("storage_options") or {})), bool(create_options.get("overwrite"))
+        )
+        self._rehearse(full, {*extra, *(f"extra/{k}" for k in extra), *meta, *(self.outcome[m] for m in meta)})
+
+    def _rehearse(self, schema: DatasetSchema, standins: set[str]) -> None:
+        """Create an in-memory dataset with ``schema`` (stand-in fields for the undeclared ones) and the create
+        options, so that what :meth:`ensure` will create at the first step fails here if it can fail.
+
+        Checks are judged as objects (:func:`check_list`); those whose
+        predicate names none of ``standins`` are bound over the twin's views
+        too (the others bind at creation, once their fields' types are known).
+        """
+        opts = {k: v for k, v in self.create_options.items() if k not in ("overwrite", "storage_options", "durable")}
+        checks = opts.pop("checks", ())
+        chosen = check_list(checks) if checks else ()
+        bindable = [c for c in chosen if not any(n.lower() in c.predicate.lower() for n in standins)]
+        dataset_for_env(self.env, None, schema=schema, checks=bindable, **opts).close()
 
     def _schema(self, extra: Sequence[FieldSpec] = (), meta: Sequence[FieldSpec] = ()) -> DatasetSchema:
         opts = dict(self.schema_options)
@@ -464,6 +509,9 @@ class RecordEpisodes(gym.Wrapper):
     rest. A passed Dataset (e.g. ``Dataset.create(schema_from_gym_spaces(...))``)
     must match the spaces; its episodes get ``seed``/``env_id`` meta only if
     it declares those fields (:func:`dataset_for_env` declares them).
+    ``on_reject``: ``"raise"`` (default) or ``"skip"`` an episode the
+    quality gate rejects (see the module docstring); ``rejected`` lists the
+    skipped episodes' :class:`QualityError`.
     """
 
     def __init__(
@@ -474,9 +522,13 @@ class RecordEpisodes(gym.Wrapper):
         keep_partial: bool = False,
         info_keys: Sequence[str] = (),
         outcome: Mapping[str, str] | None = None,
+        on_reject: str = "raise",
         **create_options: Any,
     ) -> None:
         super().__init__(env)
+        self.on_reject = _on_reject(on_reject)
+        self.rejected: list[QualityError] = []
+        self._reported = 0
         self._rec = _Recording(env, dataset, info_keys, outcome, create_options)
         self.meta = meta
         self.keep_partial = keep_partial
@@ -495,13 +547,16 @@ class RecordEpisodes(gym.Wrapper):
 
     def _end_open(self) -> None:
         w = self._writer
-        if w is not None and not w.done:
-            if self.keep_partial and w.length:
-                w.finish(**self._rec.outcomes(self._last_info))
-            else:
-                w.discard()
         self._writer = None
         self._start = None
+        if w is not None and not w.done:
+            if self.keep_partial and w.length:
+                try:
+                    w.finish(**self._rec.outcomes(self._last_info))
+                except QualityError as exc:
+                    _rejected(self, exc)
+            else:
+                w.discard()
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
         self._end_open()
@@ -536,18 +591,52 @@ class RecordEpisodes(gym.Wrapper):
         extras = self._rec.extras(info, f"step {writer.length}")
         if extras is not None:
             step["extras"] = extras
-        if (terminated or truncated) and self._rec.outcome:
-            writer.add_step(step, meta=self._rec.outcomes(info))
-        else:
-            writer.add_step(step)
         self._last_info = info
+        try:
+            if (terminated or truncated) and self._rec.outcome:
+                writer.add_step(step, meta=self._rec.outcomes(info))
+            else:
+                writer.add_step(step)
+        except QualityError as exc:  # the gate rejected the episode this step ended; the writer discarded it
+            _rejected(self, exc)
         return obs, reward, terminated, truncated, info
 
     def close(self) -> None:
-        self._end_open()
-        if self._rec.dataset is not None:
-            self._rec.dataset.flush()
+        try:
+            self._end_open()
+            if self._rec.dataset is not None:
+                self._rec.dataset.flush()
+        finally:
+            _report_rejected(self)
         super().close()
+
+
+def _on_reject(value: Any) -> str:
+    if not isinstance(value, str) or value not in ON_REJECT:
+        raise ArgumentError(f"on_reject must be one of {ON_REJECT}, got {value!r}")
+    return value
+
+
+def _rejected(recorder: RecordEpisodes | RecordVectorEpisodes, exc: QualityError) -> None:
+    """Raise ``exc`` (``on_reject="raise"``), or keep it in ``recorder.rejected`` (``"skip"``)."""
+    if recorder.on_reject == "raise":
+        raise exc
+    recorder.rejected.append(exc)
+
+
+def _report_rejected(recorder: RecordEpisodes | RecordVectorEpisodes) -> None:
+    """Warn once about the episodes skipped since the last report: how many, per constraint or check."""
+    new = recorder.rejected[recorder._reported :]
+    recorder._reported = len(recorder.rejected)
+    if not new:
+        return
+    counts = collections.Counter(exc.check for exc in new)
+    per = ", ".join(f"{n} x {check!r}" for check, n in counts.most_common())
+    warnings.warn(
+        f"{type(recorder).__name__} skipped {len(new)} episode(s) the quality gate rejected ({per}); "
+        "recorder.rejected holds the errors",
+        stacklevel=3,
+    )
 
 
 # ---------------------------------------------------------------- vector env
@@ -579,6 +668,10 @@ class RecordVectorEpisodes(VectorWrapper):
     :class:`RecordEpisodes`; each env's info is read from the batched infos
     (its ``_<key>`` mask), and in ``SAME_STEP`` mode from
     ``infos["final_info"]`` on the step that ends its episode.
+    ``on_reject`` and ``rejected`` as for :class:`RecordEpisodes`: with
+    ``"raise"`` the error names the first rejected env (every env's step is
+    recorded first), with ``"skip"`` each rejected episode's error, prefixed
+    ``env <i>,``, joins ``rejected``.
     """
 
     def __init__(
@@ -589,6 +682,7 @@ class RecordVectorEpisodes(VectorWrapper):
         keep_partial: bool = False,
         info_keys: Sequence[str] = (),
         outcome: Mapping[str, str] | None = None,
+        on_reject: str = "raise",
         **create_options: Any,
     ) -> None:
         super().__init__(env)
@@ -596,6 +690,9 @@ class RecordVectorEpisodes(VectorWrapper):
         mode = AutoresetMode(mode) if isinstance(mode, str) else mode
         if mode not in _AUTORESET:
             raise ArgumentError(f"RecordVectorEpisodes supports NEXT_STEP and SAME_STEP autoreset, not {mode}")
+        self.on_reject = _on_reject(on_reject)
+        self.rejected: list[QualityError] = []
+        self._reported = 0
         self.autoreset_mode = _AUTORESET[mode]
         self._rec = _Recording(env, dataset, info_keys, outcome, create_options)
         self.meta = meta
@@ -629,10 +726,13 @@ class RecordVectorEpisodes(VectorWrapper):
             for i, ew in enumerate(w.writers):
                 if ew is not None and not ew.done and ew.length:
                     w.set_meta(i, **self._rec.outcomes(self._last_info[i]))
-        if w is not None:
-            w.close(finish_open=self.keep_partial)
         self._writer = None
         self._reset_obs = None
+        if w is not None:
+            try:
+                w.close(finish_open=self.keep_partial)
+            except QualityError as exc:
+                _rejected(self, exc)
 
     def reset(
         self, *, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None
@@ -684,19 +784,31 @@ class RecordVectorEpisodes(VectorWrapper):
                 for i, s in enumerate(step_infos)
             ]
         args = (obs, actions, rewards, term, trunc, infos, extras)
-        if self._rec.outcome:
-            meta = [self._rec.outcomes(s) if s is not None and ended[i] else None for i, s in enumerate(step_infos)]
-            self._writer.add_steps(*args, meta=meta)
-        else:
-            self._writer.add_steps(*args)
+        rejected: QualityError | None = None
+        try:
+            if self._rec.outcome:
+                meta = [self._rec.outcomes(s) if s is not None and ended[i] else None for i, s in enumerate(step_infos)]
+                self._writer.add_steps(*args, meta=meta)
+            else:
+                self._writer.add_steps(*args)
+        except QualityError as exc:  # every env's step was recorded; the rejected episodes were discarded
+            rejected = exc
         for i, s in enumerate(step_infos):
             if s is not None:
                 self._last_info[i] = s
         self._ended = ended
+        if rejected is not None:
+            if self.on_reject == "raise":
+                raise rejected
+            for i, err in self._writer.rejections:
+                self.rejected.append(QualityError(f"env {i}, {err}", err.check, err.episode, err.step))
         return obs, rewards, terminated, truncated, infos
 
     def close(self, **kwargs: Any) -> None:
-        self._close_writer()
-        if self._rec.dataset is not None:
-            self._rec.dataset.flush()
+        try:
+            self._close_writer()
+            if self._rec.dataset is not None:
+                self._rec.dataset.flush()
+        finally:
+            _report_rejected(self)
         super().close(**kwargs)

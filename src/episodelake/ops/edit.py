@@ -47,6 +47,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..core.checks import meta_value
+from ..core.constraints import plain
 from ..core.episode import EpisodeBatch, concat_rows, extra_rows
 from ..core.errors import ArgumentError, CommitConflictError, QualityError, ValidationError
 from ..core.schema import DatasetSchema, FieldSpec
@@ -91,13 +92,26 @@ class EditReport:
         }
 
 
-def trim(store: Store, snap: Snapshot, positions: np.ndarray, cuts: np.ndarray, dry_run: bool) -> EditReport:
-    """Keep transitions ``[cuts[i, 0], cuts[i, 1])`` of the episode at ``positions[i]``, in one commit."""
+def trim(
+    store: Store,
+    snap: Snapshot,
+    positions: np.ndarray,
+    cuts: np.ndarray,
+    dry_run: bool,
+    head_tail: tuple[int, int] | None = None,
+) -> EditReport:
+    """Keep transitions ``[cuts[i, 0], cuts[i, 1])`` of the episode at ``positions[i]``, in one commit.
+
+    ``head_tail``: the ``(head, tail)`` the cuts were made from, for the
+    error. A bad bound is an :class:`ArgumentError` naming the episode, the
+    bound and the episode's length, before anything is read or written.
+    """
     ids = [int(i) for i in snap.index["episode_id"][positions]]
     lengths = snap.lengths[positions]
     for eid, t, (a, b) in zip(ids, lengths.tolist(), cuts.tolist(), strict=True):
-        if not 0 <= a < b <= t:
-            raise ArgumentError(f"trim: episode {eid} has {t} transitions; [{a}, {b}) must keep at least one of them")
+        problem = _trim_problem(t, a, b, head_tail)
+        if problem:
+            raise ArgumentError(f"trim: episode {eid} has {t} transitions; {problem}")
     _refuse_per_step_derived(snap)
     removed = int((lengths - (cuts[:, 1] - cuts[:, 0])).sum())
     if dry_run or not ids:
@@ -112,12 +126,42 @@ def trim(store: Store, snap: Snapshot, positions: np.ndarray, cuts: np.ndarray, 
     return EditReport("TRIM", version, False, ids, [], removed)
 
 
+def _trim_problem(t: int, start: int, stop: int, head_tail: tuple[int, int] | None) -> str:
+    """What is wrong with keeping ``[start, stop)`` of ``t`` transitions ("" when nothing is)."""
+    if head_tail is not None:
+        head, tail = head_tail
+        if head + tail >= t:
+            return f"head={head} and tail={tail} would remove {head + tail} of them: a trim must keep at least one"
+        return ""
+    if stop > t:
+        return f"stop {stop} is past the episode's {t} steps (stop must be at most {t})"
+    if start < 0:
+        return f"start {start} is negative (transitions are numbered from 0)"
+    if start >= t:
+        return f"start {start} is at or past the episode's {t} steps: the trim must keep at least one transition"
+    if stop <= start:
+        return f"[{start}, {stop}) is empty: stop must be above start (a trim must keep at least one transition)"
+    return ""
+
+
 def split(store: Store, snap: Snapshot, position: int, at: int, dry_run: bool) -> EditReport:
     """Replace the episode at ``position`` by its transitions ``[0, at)`` (truncated) and ``[at, T)``."""
     eid = int(snap.index["episode_id"][position])
     t = int(snap.lengths[position])
     if isinstance(at, bool) or not isinstance(at, int | np.integer) or not 0 < at < t:
-        raise ArgumentError(f"split: episode {eid} has {t} transitions; at={at!r} must be an int in [1, {t - 1}]")
+        if t < 2:
+            raise ArgumentError(f"split: episode {eid} has 1 transition; a 1-transition episode cannot be split")
+        if isinstance(at, bool) or not isinstance(at, int | np.integer):
+            why = f"got {type(at).__name__} {plain(at)!r}"
+        elif at > t:
+            why = f"{at} is past the episode's {t} steps"
+        elif at == t:
+            why = "the second half would be empty"
+        else:
+            why = "the first half would be empty" if at == 0 else f"{at} is negative"
+        raise ArgumentError(
+            f"split: episode {eid} has {t} transitions; at={plain(at)!r} must be an int in [1, {t - 1}] ({why})"
+        )
     capacity = store.capacity
     if capacity is not None and capacity.episodes is not None and snap.num_episodes + 1 > capacity.episodes:
         raise ArgumentError(
@@ -206,19 +250,26 @@ def _meta_values(schema: DatasetSchema, key: str, value: Any, ids: list[int]) ->
 @np.errstate(invalid="ignore")
 def _check_bounds(f: FieldSpec, stacked: np.ndarray, valid: np.ndarray, ids: list[int]) -> None:
     """:class:`QualityError` for the first new value outside ``f``'s ``min``/``max`` (as a write: NULL passes, NaN
-    fails), naming the episode."""
+    fails), naming the episode and the value.
+
+    A bound with ``on_fail="warn"`` lets the value through; ``"quarantine"``
+    refuses it as ``"reject"`` does (an edit never quarantines an episode).
+    """
     if not ids:
         return
     rows = np.asarray(stacked).reshape(len(ids), -1)
     for bound in ("min", "max"):
         limit = getattr(f, bound, None)
-        if limit is None:
+        if limit is None or f.on_fail_of(bound) == "warn":
             continue
         bad = ~(rows >= limit if bound == "min" else rows <= limit).all(axis=1) & valid
         if bad.any():
             i = int(np.argmax(bad))
+            value = plain(np.asarray(stacked)[i])
+            held = " (on_fail='quarantine': an edit does not quarantine)" if f.on_fail_of(bound) == "quarantine" else ""
             raise QualityError(
-                f"set_meta of episode {ids[i]}: meta field {f.key!r} fails {bound}={limit!r}; nothing was edited",
+                f"set_meta of episode {ids[i]}: meta field {f.key!r} fails {bound}={limit!r} (value {value!r}){held}; "
+                "nothing was edited",
                 check=f"{f.key}: {bound}",
                 episode=i,
             )

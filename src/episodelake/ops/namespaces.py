@@ -349,6 +349,7 @@ class Edit:
             snap, positions = chosen(self._dataset, "trim", None, where, params)
             lengths = snap.lengths[positions].astype(np.int64)
             bounds = np.stack([np.full(len(positions), head, np.int64), lengths - tail], axis=1)
+            return edit.trim(self._store, snap, positions, bounds, dry_run, head_tail=(int(head), int(tail)))
         return edit.trim(self._store, snap, positions, bounds, dry_run)
 
     def split(self, episode_id: int, at: int, *, dry_run: bool = False) -> EditReport:

@@ -92,6 +92,44 @@ def storage_faults(location: Location, where: str, doing: str) -> Iterator[None]
         raise err from exc
 
 
+def check_target(location: Location, overwrite: bool) -> bool:
+    """Whether a dataset at ``location`` is to be replaced by a new one; :class:`DatasetExistsError` (before
+    anything is written) when the new dataset must not be created there.
+
+    Created only in a folder that does not exist, an empty one, or (with
+    ``overwrite``) one holding a dataset (its ``episodelake.json``). A file,
+    or a folder holding anything else, is refused whatever ``overwrite``
+    says: a new dataset never writes beside, nor deletes, files it did not make.
+    """
+    with storage_faults(location, location.child_url(layout.DESCRIPTOR), "creating the dataset"):
+        if location.exists(layout.DESCRIPTOR):
+            if not overwrite:
+                raise DatasetExistsError(
+                    f"a dataset already exists at {location.url}; pass overwrite=True to replace it"
+                )
+            return True
+        fs = location.fs
+        if fs.isfile(location.path):
+            raise DatasetExistsError(
+                f"{location.url} is a file, not a folder: a dataset is a folder; give the path of a new or empty "
+                "folder (nothing was written)"
+            )
+        entries = fs.ls(location.path, detail=False) if fs.isdir(location.path) else []
+    if entries:
+        names = {str(e).rstrip("/").rsplit("/", 1)[-1] for e in entries}
+        if names <= {layout.TABLE, layout.TENSORS, layout.DERIVED, *layout.CACHE}:
+            raise DatasetExistsError(
+                f"{location.url} holds an incomplete dataset (no {layout.DESCRIPTOR}: its creation was "
+                "interrupted): remove the folder or give another path (overwrite=True replaces only a dataset)"
+            )
+        raise DatasetExistsError(
+            f"{location.url} is not empty and holds no episodelake dataset (no {layout.DESCRIPTOR}): a dataset is "
+            "created only in a new or empty folder, and overwrite=True replaces only a dataset; nothing was "
+            "written (give another path)"
+        )
+    return False
+
+
 def _versions() -> dict[str, str]:
     out = {"python": platform.python_version()}
     for pkg in ("episodelake", "numpy", "pyarrow", "deltalake", "tensorstore", "duckdb", "gymnasium"):
@@ -168,13 +206,7 @@ class Store:
                 raise SchemaError(f"partition_by {p!r} is not a meta field ({sorted(meta_names)})")
             if schema[p].shape != ():
                 raise SchemaError(f"partition_by {p!r} must be a scalar meta field")
-        with storage_faults(location, location.child_url(layout.DESCRIPTOR), "creating the dataset"):
-            exists = location.exists(layout.DESCRIPTOR)
-        if exists:
-            if not overwrite:
-                raise DatasetExistsError(
-                    f"a dataset already exists at {location.url}; pass overwrite=True to replace it"
-                )
+        if check_target(location, overwrite):
             location.fs.rm(location.path, recursive=True)
         descriptor = {
             "format": "episodelake",

@@ -3,7 +3,9 @@
 :func:`admit` runs, over a whole batch at once, on the rows a writer hands over:
 
 * the schema's ``FieldSpec`` constraints (:mod:`episodelake.core.constraints`);
-  a violation rejects;
+  a violation does what the field's ``on_fail`` says (reject by default;
+  ``quarantine`` and ``warn`` are recorded as a check's are, under the name
+  ``"<field key>: <constraint>"``);
 * the dataset's checks (:mod:`episodelake.core.quality`, those of the table
   version the writer is on), in sandboxed DuckDB over ``episodes`` and
   ``steps`` views built from the rows the commit would write (the same
@@ -44,7 +46,7 @@ from ..core.errors import CommitConflictError, QualityError, QueryError
 from ..core.quality import Check, failures_sql
 from ..core.summary import summarize
 from ..storage.rows import QUALITY_COLUMNS, QUARANTINED, build_rows
-from ..storage.sql import connect, sql_template, steps_columns
+from ..storage.sql import check_sandboxed, connect, limited, sql_template, steps_columns
 from ..storage.store import Store
 from ..storage.table import arrow_schema
 
@@ -62,20 +64,42 @@ def admit(store: Store, batch: EpisodeBatch, label: Callable[[int], str]) -> Epi
     """``batch`` with its quarantine/warn failures recorded, or :class:`QualityError` for its first rejection.
 
     ``label(i)`` names episode ``i`` of the batch in the error (``"episode 12"``).
+    Constraints are judged first: a rejecting one raises before any check
+    runs. An episode's recorded names are its failed constraints
+    (``"<field key>: <constraint>"``, schema order), then its failed checks
+    (their order); it is quarantined when one of them quarantines.
     """
     schema = store.schema
-    check_constraints(schema, batch, label)
+    failed: list[tuple[list[str], bool]] = [([], False) for _ in range(len(batch))]
+    for v in check_constraints(schema, batch, label):  # raises for a rejecting constraint
+        names_of, held = failed[v.episode]
+        names_of.append(v.name)
+        failed[v.episode] = (names_of, held or v.on_fail == "quarantine")
     checks = store.checks()
-    if not checks or not len(batch):
-        return batch
+    if checks and len(batch):
+        _judge_checks(store, checks, batch, label, failed)
+    if any(names_of for names_of, _ in failed):
+        batch.failed = tuple((tuple(n), held) for n, held in failed)
+    return batch
+
+
+def _judge_checks(
+    store: Store,
+    checks: tuple[Check, ...],
+    batch: EpisodeBatch,
+    label: Callable[[int], str],
+    failed: list[tuple[list[str], bool]],
+) -> None:
+    """Run ``checks`` over ``batch``: :class:`QualityError` for the first ``reject`` failure, else every
+    quarantine/warn failure appended to ``failed`` (per episode: names, quarantined)."""
     found = _failures(store, checks, batch)
     by_name = {c.name: c for c in checks}
     names = found.column("check").to_pylist()
-    episodes = found.column("episode_id").to_numpy()
+    episodes = found.column("episode_id").to_pylist()
     steps = found.column("step").to_pylist()
     rejected = [i for i, name in enumerate(names) if by_name[name].on_fail == "reject"]
     if rejected:
-        first = min(rejected, key=lambda i: (int(episodes[i]), i))
+        first = min(rejected, key=lambda i: (episodes[i], i))
         c, e, step = by_name[names[first]], int(episodes[first]), steps[first]
         at = "" if step is None else f" at step {step}"
         raise QualityError(
@@ -85,15 +109,10 @@ def admit(store: Store, batch: EpisodeBatch, label: Callable[[int], str]) -> Epi
             episode=e,
             step=step,
         )
-    if not names:
-        return batch
-    failed: list[tuple[list[str], bool]] = [([], False) for _ in range(len(batch))]
-    for name, e in zip(names, episodes.tolist(), strict=True):
+    for name, e in zip(names, episodes, strict=True):
         names_of, held = failed[e]
         names_of.append(name)
         failed[e] = (names_of, held or by_name[name].on_fail == "quarantine")
-    batch.failed = tuple((tuple(n), held) for n, held in failed)
-    return batch
 
 
 def _failures(store: Store, checks: tuple[Check, ...], batch: EpisodeBatch) -> pa.Table:
@@ -106,10 +125,14 @@ def _failures(store: Store, checks: tuple[Check, ...], batch: EpisodeBatch) -> p
     summary = summarize(schema, batch, keys={f.key for f in schema.step_fields if f.key.lower() in used.lower()})
     rows = build_rows(schema, batch, summary, "00000000", np.arange(n, dtype=np.int64), refs)
     unnest, columns = steps_columns(schema, used)
+    query = failures_sql(checks)
+    what = f"{store.location.url}: the dataset's checks {[c.name for c in checks]}"
+    check_sandboxed(query, what)  # stored checks are SQL from whoever wrote the dataset
     with _DB_LOCK:  # one cursor per process, row schema and steps view: its views read whatever episode_table is now
         cur = _cursor(rows, unnest, columns)
         try:
-            return cur.sql(failures_sql(checks)).to_arrow_table()
+            with limited(cur, what):
+                return cur.sql(query).to_arrow_table()
         except duckdb.Error as exc:
             raise QueryError(
                 f"{store.location.url}: the dataset's checks {[c.name for c in checks]} cannot run over the episodes "

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from ..core.checks import check_flags, check_meta, check_values, missing_required, plain_value, split_role, step_plan
+from ..core.constraints import plain
 from ..core.episode import FinishedEpisode, python_meta
 from ..core.errors import ArgumentError, EpisodeStateError, QualityError, ValidationError
 from ..core.schema import STEP_KEYS, DatasetSchema, FieldSpec, flatten_role
@@ -306,7 +307,7 @@ class EpisodeWriter:
         # created_at is the hand-over time: a held episode must not sort before ones already committed.
         episode = FinishedEpisode(data, self.length, terminated, truncated, dict(self._meta))
         try:
-            self.sink.submit(episode, f"episode of {self.length} steps (meta {self._meta})")
+            self.sink.submit(episode, f"episode of {self.length} steps (meta {plain(self._meta)})")
         except QualityError:
             self._state = "discarded"  # rejected by the quality gate: never stored; the next episode starts afresh
             raise
@@ -374,6 +375,8 @@ class VectorEpisodeWriter:
         self.writers: list[EpisodeWriter] = [self._start(i, _index(initial_obs, i)) for i in range(num_envs)]
         # Per env: the episode the latest add_steps ended, kept while it is held for required meta.
         self._ended: list[EpisodeWriter | None] = [None] * num_envs
+        # (env index, error) of every episode the latest add_steps rejected (it raises for the first)
+        self.rejections: list[tuple[int, QualityError]] = []
 
     def _start(self, i: int, obs: Any) -> EpisodeWriter:
         meta = self.meta(i) if callable(self.meta) else self.meta
@@ -396,6 +399,10 @@ class VectorEpisodeWriter:
         to (the ending episode on its last row, so it can record its outcome;
         the new episode on a next-step reset row): a sequence of
         mappings-or-None, one per env, or a callable ``meta(env_index)``.
+        Episodes the quality gate rejects: every env's row is applied first,
+        then :class:`QualityError` for the first rejected env; ``rejections``
+        lists ``(env index, error)`` for every one (empty after a call
+        without).
         """
         infos = infos or {}
         term = np.asarray(terminated, dtype=bool).reshape(self.num_envs)
@@ -445,6 +452,7 @@ class VectorEpisodeWriter:
                 self._ended[i] = writer
             if obs_i is not None:
                 self.writers[i] = self._start(i, obs_i)
+        self.rejections = rejected
         if rejected:
             env, first = rejected[0]
             more = f" ({len(rejected) - 1} more env(s) rejected too)" if len(rejected) > 1 else ""
