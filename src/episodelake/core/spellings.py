@@ -175,7 +175,7 @@ def seed_episode(episode: Mapping[str, Any], alignment: str | None = None) -> Ma
         raise ValidationError("give an episode's per-step infos as 'infos' or as 'extras', not both")
     if "infos" in episode:
         _same_fields(episode["infos"], episode[info_key], f"'infos' and {info_key!r}")
-    out = {k: v for k, v in episode.items() if k not in (*INITIAL, *FINAL, "infos")}
+    out = {k: v for k, v in episode.items() if k not in ("initial_info", *FINAL, "infos")}
     if final:
         if "final_observation" not in episode:
             raise ValidationError("'final_info' needs 'final_observation' (the observation the last action produced)")
