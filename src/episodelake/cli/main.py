@@ -57,10 +57,24 @@ def cmd_copy(args: argparse.Namespace) -> int:
         options["chunk_rows"] = args.chunk_rows
     if args.compression is not None:
         options["compression"] = None if args.compression == "none" else args.compression
+    if args.no_checks:
+        options["checks"] = ()
+    if args.no_capacity:
+        options["capacity"] = None
     progress = False if args.quiet else None
     copy = collection.copy_to(args.dst, args.dst_options, overwrite=args.overwrite, progress=progress, **options)
     print(f"copied {len(copy)} episodes ({copy.num_steps} steps) to {copy.location.url}, verified")
     return 0
+
+
+def dropped_settings(p: argparse.ArgumentParser, verb: str) -> None:
+    """``--no-checks`` / ``--no-capacity``: DST without the settings it would otherwise carry."""
+    p.add_argument(
+        "--no-checks", action="store_true", help=f"store no quality check in DST (default: {verb} the stored ones)"
+    )
+    p.add_argument(
+        "--no-capacity", action="store_true", help=f"no capacity in DST (default: {verb} the capacity of SRC)"
+    )
 
 
 def _csv(value: str | None) -> list[str] | None:
@@ -280,7 +294,10 @@ def cmd_merge(args: argparse.Namespace) -> int:
             print(f"would merge {sum(counts)} episodes ({', '.join(map(str, counts))} per source) into {args.dst}")
         return 0
     progress = False if args.quiet else None
-    merged = merge(chosen, args.dst, args.dst_options, overwrite=args.overwrite, progress=progress)
+    settings: dict[str, Any] = {"checks": ()} if args.no_checks else {}
+    if args.no_capacity:
+        settings["capacity"] = None
+    merged = merge(chosen, args.dst, args.dst_options, overwrite=args.overwrite, progress=progress, **settings)
     if args.json:
         print(json.dumps({"dry_run": False, "episodes": len(merged), "dest": merged.location.url}))
     else:
@@ -304,7 +321,7 @@ def cmd_view(args: argparse.Namespace) -> int:
     from ..viewer import start
 
     ds = Dataset.open(args.path, args.version, storage_options=args.options, read_only=True, cache_dir=args.cache_dir)
-    server = start(ds, args.where, args.host, args.port)
+    server = start(ds, args.where, args.host, args.port, query_timeout=args.query_timeout)
     print(f"episodelake viewer of {ds.location.url} at {server.url} (Ctrl-C stops it)", flush=True)
     try:
         server.serve_forever()
@@ -511,6 +528,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--overwrite", action="store_true", help="replace a dataset that exists at DST")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    dropped_settings(p, "copy")
 
     p = command("import", cmd_import, "import a Minari, D4RL, memmap-replay-buffer, episodata or LeRobot v3 dataset")
     p.add_argument("format", choices=["minari", "d4rl", "memmap-replay", "episodata", "lerobot"])
@@ -628,6 +646,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="check the schemas and count the episodes, write nothing")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print a JSON report")
+    dropped_settings(p, "merge")
 
     p = command("plot", cmd_plot, "write return and length histograms of a dataset to an image (png, svg, pdf)")
     p.add_argument("path", help="dataset path or URL")
@@ -669,6 +688,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--where", default=None, help="open the list filtered by this SQL predicate")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8765, help="port to listen on (default 8765; 0: any free port)")
+    p.add_argument(
+        "--query-timeout",
+        type=float,
+        default=5.0,
+        help="seconds each query of a request may run before it is cancelled (default 5; 0: no limit)",
+    )
 
     p = command("lineage", cmd_lineage, "what a saved stream state trains on: dataset, version, sampler, position")
     p.add_argument("state", help="a state file written by el.save_state(stream.state_dict(), path)")

@@ -16,6 +16,15 @@ lossy codecs:
   batch; the table rows of the copied episodes are held in memory.
 
 The destination's history starts fresh (its versions are the copy's commits).
+Every dataset-level setting of the source is carried unless the caller
+overrides it: tensor chunking, compression and codecs (``chunk_rows``,
+``compression``, ``codecs``), the stored quality checks of the copied version
+(``checks``: recorded before any episode, so an episode appended to the copy
+later is gated, quarantined or warned about as at the source; the copied
+episodes are copied as they are, not checked again), the capacity
+(``capacity``: a copy larger than it keeps the newest episodes that fit, as
+the buffer's own FIFO eviction would), the hive partitioning
+(``partition_by``), ``info`` and the derived columns.
 Derived columns (:mod:`derived`) are declared at the destination and their
 values of the copied episodes written in one update after the episodes.
 With ``verify`` (default), the copy is reopened and checked: the same episode
@@ -27,7 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import zlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -36,16 +45,19 @@ import pyarrow as pa
 from ..core.episode import rows_for
 from ..core.errors import ArgumentError, CorruptionError, LocationError
 from ..core.progress import bar
+from ..core.quality import Check, check_list, with_added
 from ..core.schema import DatasetSchema, FieldSpec
 from ..core.stats import episode_stats, has_stats
 from ..read.snapshot import Snapshot
 from ..storage.frames import FrameArray
 from ..storage.location import Location
+from ..storage.retention import Capacity, evict_count
 from ..storage.rows import stat_columns
 from ..storage.store import Store
 from ..storage.table import arrow_schema
 from ..storage.tensors import TensorArray
 from ..write import derived
+from ..write.quality import record_checks
 
 KEEP: Any = object()  # "leave this setting as the source has it"
 
@@ -59,12 +71,23 @@ def copy_to(
     chunk_rows: int | Mapping[str, int] | None = KEEP,
     compression: str | Mapping[str, str | None] | None = KEEP,
     codecs: Mapping[str, str | tuple[str, int] | None] = KEEP,
+    capacity: Capacity | None = KEEP,
+    checks: Iterable[Check] = KEEP,
+    partition_by: Sequence[str] = KEEP,
     overwrite: bool = False,
     progress: bool | None = None,
     verify: bool = True,
     batch_bytes: int = 256 << 20,
 ) -> Store:
     """Copy the episodes of ``snap`` (a version of ``source``) at ``positions`` to a new dataset at ``target``.
+
+    Omitted (``KEEP``), ``capacity``, ``checks`` and ``partition_by`` are the
+    source's (its descriptor's capacity and partitioning, ``snap``'s stored
+    checks); given, they replace them: ``capacity=None`` copies into a dataset
+    without one, ``checks=()`` stores no check (the caller binds given checks
+    over the views first). With a capacity, only the newest episodes that fit
+    it are copied (FIFO in episode order, :func:`~episodelake.retention.evict_count`),
+    in table commits of at most :meth:`Capacity.file_share`.
 
     Returns the copy, opened afresh. ``chunk_rows`` / ``compression`` apply
     to every tensor field, or per field key when given as a mapping (``None``
@@ -83,13 +106,19 @@ def copy_to(
     if target.url == source.location.url:
         raise LocationError(f"cannot copy {source.location.url} onto itself")
     schema = _rechunked(snap.schema.base, chunk_rows, compression, codecs)
-    out = create_like(source, target, schema, overwrite)
+    capacity = source.capacity if capacity is KEEP else capacity
+    kept_checks = snap.checks if checks is KEEP else check_list(checks)
+    out = create_like(source, target, schema, overwrite, capacity=capacity, partition_by=partition_by)
+    record_stored_checks(out, kept_checks)
     positions = np.asarray(positions, dtype=np.int64)
     rows = _source_rows(snap, positions)
+    if capacity is not None:
+        kept = fifo_kept(rows, capacity)
+        positions, rows = positions[kept], rows.filter(pa.array(kept))
     arrays: dict[tuple[str, str], TensorArray | FrameArray] = {}
     recomputed: list[pa.Table] = []  # per batch: the CRC-32 and statistics columns of lossy fields
     with bar(len(positions), f"copy to {target.url}", progress, unit="episode") as shown:
-        for lo, hi in _batches(snap, positions, batch_bytes):
+        for lo, hi in _batches(snap, positions, batch_bytes, capacity):
             batch = rows.slice(lo, hi - lo)
             fresh: dict[str, pa.Array] = {}
             for f in schema.tensor_fields:
@@ -203,15 +232,43 @@ def _summary_columns(f: FieldSpec, stored: Sequence[np.ndarray], target: pa.Sche
     return out
 
 
-def create_like(source: Store, target: Location, schema: DatasetSchema, overwrite: bool) -> Store:
-    """A new dataset at ``target`` with ``schema`` and ``source``'s partitioning and info (copies and merges)."""
+def create_like(
+    source: Store,
+    target: Location,
+    schema: DatasetSchema,
+    overwrite: bool,
+    capacity: Capacity | None = None,
+    partition_by: Sequence[str] = KEEP,
+) -> Store:
+    """A new dataset at ``target`` with ``schema``, ``capacity``, and ``source``'s info and partitioning
+    (``partition_by`` given: that one) (copies and merges)."""
+    parts = source.descriptor.get("partition_by", []) if partition_by is KEEP else list(partition_by)
     return Store.create(
         target,
         schema,
-        partition_by=source.descriptor.get("partition_by", []),
+        partition_by=parts,
         overwrite=overwrite,
         info=source.descriptor.get("info", {}),
+        capacity=capacity,
     )
+
+
+def record_stored_checks(out: Store, checks: Sequence[Check]) -> None:
+    """Store ``checks`` (already bound) with the new dataset ``out`` in one commit, before any episode."""
+    if checks:
+        chosen = tuple(checks)
+        record_checks(out, lambda current: with_added(current, chosen), "ADD CHECK")
+
+
+def fifo_kept(rows: pa.Table, capacity: Capacity) -> np.ndarray:
+    """Which of ``rows`` (table rows, any order) a buffer of ``capacity`` keeps: the newest in episode order
+    (``created_at``, ``episode_id``) that fit, as its FIFO eviction would (a boolean mask in ``rows``' order)."""
+    created = rows["created_at"].combine_chunks().cast(pa.int64()).to_numpy()
+    order = np.lexsort((rows["episode_id"].to_numpy(), created))
+    k = evict_count(rows["length"].to_numpy()[order], capacity)
+    kept = np.ones(len(order), bool)
+    kept[order[:k]] = False
+    return kept
 
 
 def _source_rows(snap: Snapshot, positions: np.ndarray) -> pa.Table:
@@ -223,16 +280,28 @@ def _source_rows(snap: Snapshot, positions: np.ndarray) -> pa.Table:
     return tbl.take(pa.array(row_of_position[positions])).select(arrow_schema(snap.schema.base).names)
 
 
-def _batches(snap: Snapshot, positions: np.ndarray, batch_bytes: int) -> Iterator[tuple[int, int]]:
-    """[lo, hi) slices of ``positions`` holding about ``batch_bytes`` of tensor rows each (>= 1 episode)."""
+def _batches(
+    snap: Snapshot, positions: np.ndarray, batch_bytes: int, capacity: Capacity | None = None
+) -> Iterator[tuple[int, int]]:
+    """[lo, hi) slices of ``positions`` holding about ``batch_bytes`` of tensor rows each (>= 1 episode).
+
+    With a destination ``capacity``, a slice also holds at most its :meth:`Capacity.file_share` of
+    episodes and steps: one table file each, so an eviction at the copy rewrites a small file.
+    """
     row_bytes = sum(f.step_bytes for f in snap.schema.tensor_fields)
-    sizes = (snap.lengths[positions] + 1) * row_bytes
-    lo, acc = 0, 0
+    lengths = snap.lengths[positions]
+    sizes = (lengths + 1) * row_bytes
+    most_episodes, most_steps = capacity.file_share() if capacity is not None else (None, None)
+    lo, acc, steps = 0, 0, 0
     for i, size in enumerate(sizes):
-        if acc and acc + size > batch_bytes:
+        full = (most_episodes is not None and i - lo >= most_episodes) or (
+            most_steps is not None and steps + int(lengths[i]) > most_steps
+        )
+        if i > lo and (acc + size > batch_bytes or full):
             yield lo, i
-            lo, acc = i, 0
+            lo, acc, steps = i, 0, 0
         acc += int(size)
+        steps += int(lengths[i])
     if lo < len(positions):
         yield lo, len(positions)
 

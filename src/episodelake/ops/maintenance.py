@@ -74,7 +74,7 @@ from ..core.errors import ArgumentError, CorruptionError, ReadOnlyError
 from ..core.schema import DatasetSchema, FieldSpec, from_storage
 from ..core.stats import STAT_PARTS, episode_stats, has_stats, stat_column
 from ..read.snapshot import flatten_lists
-from ..storage import layout
+from ..storage import layout, table_cache
 from ..storage.arrays import (
     COMMIT_SHIFT,
     ROW_MASK,
@@ -88,14 +88,18 @@ from ..storage.location import Location
 from ..storage.planned import read_many
 from ..storage.store import Store
 from ..storage.table import (
+    COMPACT_EVERY,
     MIN_RETENTION_HOURS,
     UNREFERENCED_FLOOR_HOURS,
+    EpisodeTable,
     arrow_schema,
     file_mtime,
     latest_file_paths,
     log_entries,
     log_problems,
     read_table_file,
+    trim_log,
+    vacuum_table_window,
 )
 from ..storage.tensors import TensorArray
 from ..write.derived import vacuum_side
@@ -160,6 +164,8 @@ class VacuumReport:
     temp_files: list[str] = field(default_factory=list)
     unreferenced_rows: int = 0
     unreclaimed_rows: int = 0
+    keep_versions: int | None = None  # the version window of a capacity dataset's automatic vacuum (else None)
+    log_files: list[str] = field(default_factory=list)  # log entries and checkpoints before that window
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -358,11 +364,20 @@ def _check_return(schema: DatasetSchema, values: dict[str, np.ndarray], rec, pro
 
 
 class AutoVacuum:
-    """Vacuums a capacity dataset on local disk after every ``capacity.vacuum_every`` commits through ``store``.
+    """Vacuums a capacity dataset on local disk on the buffer's own cadence, counted in commits through ``store``.
 
-    Runs in the committing thread right after the commit, with the capacity's
-    ``retention_hours`` (and its ``break_old_versions``); a failure is
-    reported as a warning (the commit stands).
+    With ``capacity.retention_hours`` None (the version window, the default):
+    after every quarter of the buffer rewritten, measured in the commits its
+    live episodes span (at the last vacuum; at least 1 commit, at most
+    ``capacity.vacuum_every``), keeping the last ``capacity.keep_versions``
+    versions whole and trimming the log before them; every ``COMPACT_EVERY``
+    commits it compacts the table first, in this thread (a compaction on a
+    thread of its own would race the writer's evictions, lose, and leave its
+    files for the floor), which also writes the checkpoint the log is trimmed
+    to. With a number of hours:
+    every ``capacity.vacuum_every`` commits, with that retention (and its
+    ``break_old_versions``). Runs in the committing thread right after the
+    commit; a failure is reported as a warning (the commit stands).
     """
 
     def __init__(self, store: Store) -> None:
@@ -370,19 +385,38 @@ class AutoVacuum:
         self.store = store
         self.capacity = store.capacity
         self.commits = 0
+        self.uncompacted = 0
+        # by commits: the first vacuum comes at once, then the cadence follows what the buffer spans
+        self.interval = 1 if self.capacity.retention_hours is None else self.capacity.vacuum_every
+        if self.capacity.retention_hours is None:
+            # compacted here, between this writer's commits: a compaction on a thread of its own would race
+            # them, lose (an eviction removed a file it rewrote) and leave its files for the floor
+            store.table.auto_compact = False
         store.on_commit(self._on_commit)  # held weakly: the Dataset keeps this object
 
     def _on_commit(self) -> None:
+        capacity = self.capacity
         self.commits += 1
-        if self.commits < self.capacity.vacuum_every:
+        self.uncompacted += 1
+        if capacity.retention_hours is None and self.uncompacted >= COMPACT_EVERY:
+            self.uncompacted = 0
+            try:
+                self.store.table.compact()  # small files merged, and a checkpoint the log is trimmed to
+            except Exception as exc:  # another writer's commits won every round: the vacuum still runs
+                warnings.warn(f"automatic compaction of {self.store.location.url} failed: {exc!r}", stacklevel=2)
+        if self.commits < self.interval:
             return
         self.commits = 0
         try:
-            vacuum(
-                self.store,
-                retention_hours=self.capacity.retention_hours,
-                break_old_versions=self.capacity.break_old_versions,
-            )
+            if capacity.retention_hours is None:
+                _, spanned = _vacuum(self.store, keep_versions=capacity.keep_versions)
+                self.interval = min(capacity.vacuum_every, max(1, spanned // 4))
+            else:
+                vacuum(
+                    self.store,
+                    retention_hours=capacity.retention_hours,
+                    break_old_versions=capacity.break_old_versions,
+                )
         except Exception as exc:  # the commit already landed; the next round retries
             warnings.warn(f"automatic vacuum of {self.store.location.url} failed: {exc!r}", stacklevel=2)
 
@@ -407,6 +441,7 @@ def vacuum(
     dry_run: bool = False,
     retention_hours: float = DEFAULT_RETENTION_HOURS,
     break_old_versions: bool = False,
+    keep_versions: int | None = None,
 ) -> VacuumReport:
     """Remove table files, side-table files and tensor data no kept version references (see the module docstring).
 
@@ -419,28 +454,70 @@ def vacuum(
     :class:`ReadOnlyError` on a read-only dataset unless ``dry_run``, and
     :class:`CorruptionError` (removing nothing from the tensors) when a
     table file cannot be read, since its references would be unknown.
+
+    ``keep_versions`` (a capacity dataset's version window; ``retention_hours``
+    is then not used): the last ``keep_versions`` versions of the episode
+    table stay whole, whatever their age, and everything only older versions
+    reference goes: their table files (:func:`~episodelake.table.vacuum_table_window`),
+    the tensor arrays no kept file references (once their commit is known to
+    be over; possibly in flight: the floor), and the log entries before the
+    newest checkpoint at or before the window (``trim_log``: time travel to
+    those versions raises :class:`ArgumentError`). The derived side table
+    keeps :data:`MIN_RETENTION_HOURS`.
     """
+    return _vacuum(store, dry_run, retention_hours, break_old_versions, keep_versions)[0]
+
+
+def _vacuum(
+    store: Store,
+    dry_run: bool = False,
+    retention_hours: float = DEFAULT_RETENTION_HOURS,
+    break_old_versions: bool = False,
+    keep_versions: int | None = None,
+) -> tuple[VacuumReport, int]:
+    """:func:`vacuum`, and how many ``(writer, commit)`` tensor arrays the kept table files reference."""
     loc = store.location
     if store.read_only and not dry_run:
         raise ReadOnlyError(f"dataset {loc.url} is open read-only; vacuum needs a writable dataset")
-    check_retention(retention_hours, break_old_versions or dry_run)
-    report = VacuumReport(loc.url, dry_run, float(retention_hours))
     now = time.time()
-    cutoffs = _Cutoffs(now - retention_hours * 3600.0, now - max(retention_hours, UNREFERENCED_FLOOR_HOURS) * 3600.0)
-    # What goes is planned first, so the references of the files about to go are read while they exist:
-    # their arrays' commits landed once (not in flight). A file the real run removes beyond the plan had
-    # its references counted as live (kept one more round).
-    planned = store.table.vacuum(retention_hours, dry_run=True)
-    refs, settled = _referenced_rows(store, set(planned))
-    report.table_files = planned if dry_run else store.table.vacuum(retention_hours, dry_run=False)
-    report.derived_files = vacuum_side(loc, retention_hours, dry_run)
+    if keep_versions is None:
+        check_retention(retention_hours, break_old_versions or dry_run)
+        report = VacuumReport(loc.url, dry_run, float(retention_hours))
+        cutoffs = _Cutoffs(
+            now - retention_hours * 3600.0, now - max(retention_hours, UNREFERENCED_FLOOR_HOURS) * 3600.0
+        )
+        # What goes is planned first, so the references of the files about to go are read while they exist:
+        # their arrays' commits landed once (not in flight). A file the real run removes beyond the plan had
+        # its references counted as live (kept one more round).
+        planned = store.table.vacuum(retention_hours, dry_run=True)
+        refs, settled = _referenced_rows(store, set(planned))
+        report.table_files = planned if dry_run else store.table.vacuum(retention_hours, dry_run=False)
+        report.derived_files = vacuum_side(loc, retention_hours, dry_run)
+    else:
+        if isinstance(keep_versions, bool) or not isinstance(keep_versions, int) or keep_versions < 1:
+            raise ArgumentError(f"keep_versions must be a positive int, got {keep_versions!r}")
+        report = VacuumReport(loc.url, dry_run, 0.0, keep_versions=keep_versions)
+        cutoffs = _Cutoffs(now, now - UNREFERENCED_FLOOR_HOURS * 3600.0)  # settled commits: no time window
+        latest = EpisodeTable.open(loc).version  # before the files go: the log is trimmed only up to its window
+        planned = vacuum_table_window(loc, layout.table_parts(), keep_versions, dry_run=True)
+        refs, settled = _referenced_rows(store, set(planned))
+        if dry_run:
+            report.table_files = planned
+        else:
+            report.table_files = vacuum_table_window(loc, layout.table_parts(), keep_versions, dry_run=False)
+            table_cache.prune(loc, UNREFERENCED_FLOOR_HOURS * 3600.0)  # the entries of the files gone with them
+            store.table.refresh()
+        report.derived_files = vacuum_side(loc, MIN_RETENTION_HOURS, dry_run)
     _vacuum_tensors(store, refs, settled, cutoffs, report)
     for path in loc.fs.glob(loc.child(layout.temp_pattern())):
         if _newest_mtime(loc, path) < cutoffs.unreferenced:
             report.temp_files.append(path)
             if not dry_run:
                 _remove(loc, path)
-    return report
+    if keep_versions is not None:
+        # after the files: an entry goes only once the files it removed went (their versions are outside the window)
+        report.log_files = trim_log(loc, layout.table_parts(), latest - keep_versions + 1, dry_run)
+    return report, len({(w, c) for w, c, _ in refs})
 
 
 @dataclass(frozen=True)

@@ -22,16 +22,26 @@ every episode's tensor CRC-32s).
   A source that already has a field of either name raises
   :class:`SchemaError` (rename it first: ``ds.columns.rename``).
 
-The destination's partitioning and ``info`` are the first source's; its
-history starts fresh. Nothing is merged into an existing dataset: ``target``
-is created (``overwrite`` replaces one).
+* **Settings**: unless the caller gives them, the destination takes the
+  sources' dataset-level settings: the stored quality checks of every
+  source (the union; two checks of the same name that differ raise
+  :class:`ArgumentError` naming both sources), the capacity when every
+  source has the same one (or none; sources that differ raise
+  :class:`ArgumentError`: pass ``capacity=``), and the first source's
+  partitioning and ``info``. With a capacity, only the newest episodes of
+  all sources together that fit it are merged (FIFO in the destination's
+  episode order). ``capacity=None`` / ``checks=()`` merge into a dataset
+  without them.
+
+The destination's history starts fresh. Nothing is merged into an existing
+dataset: ``target`` is created (``overwrite`` replaces one).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import secrets
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -39,14 +49,26 @@ import pyarrow as pa
 
 from ..core.errors import ArgumentError, LocationError, SchemaError
 from ..core.progress import bar
+from ..core.quality import Check, check_list
 from ..core.schema import DatasetSchema, FieldSpec
 from ..read.snapshot import Snapshot
 from ..storage.frames import FrameArray
 from ..storage.location import Location
+from ..storage.retention import Capacity
 from ..storage.store import Store
 from ..storage.table import arrow_schema
 from ..storage.tensors import TensorArray
-from .copy import _batches, _copy_derived, _copy_tensor_rows, _source_rows, create_like, verify_copy
+from .copy import (
+    KEEP,
+    _batches,
+    _copy_derived,
+    _copy_tensor_rows,
+    _source_rows,
+    create_like,
+    fifo_kept,
+    record_stored_checks,
+    verify_copy,
+)
 
 SOURCE, SOURCE_ID = "source", "source_episode_id"
 LINEAGE = (
@@ -61,6 +83,8 @@ def merge(
     sources: Sequence[tuple[Store, Snapshot, np.ndarray]],
     target: Location,
     *,
+    capacity: Capacity | None = KEEP,
+    checks: Iterable[Check] = KEEP,
     overwrite: bool = False,
     progress: bool | None = None,
     verify: bool = True,
@@ -68,9 +92,13 @@ def merge(
 ) -> Store:
     """Merge the episodes at ``positions`` of each ``(store, snapshot, positions)`` into a new dataset at ``target``.
 
+    ``capacity``/``checks`` omitted: the sources' (see the module docstring:
+    :func:`merged_capacity`, :func:`merged_checks`); given, they replace them
+    (given checks are bound over the views by the caller).
     Returns the merged dataset, opened afresh. Raises :class:`ArgumentError`
-    without sources, :class:`LocationError` when ``target`` is a source,
-    :class:`SchemaError` when the sources' fields differ and
+    without sources or when the sources' capacities or same-named checks
+    differ and nothing replaces them, :class:`LocationError` when ``target``
+    is a source, :class:`SchemaError` when the sources' fields differ and
     :class:`CorruptionError` if verification finds a difference.
     """
     if not sources:
@@ -79,18 +107,35 @@ def merge(
         if store.location.url == target.url:
             raise LocationError(f"cannot merge {target.url} into itself")
     schema = merged_schema([(store.location.url, snap.schema) for store, snap, _ in sources])
-    out = create_like(sources[0][0], target, schema, overwrite)
+    if capacity is KEEP:
+        capacity = merged_capacity([(store.location.url, store.capacity) for store, _, _ in sources])
+    stored = (
+        merged_checks([(store.location.url, snap.checks) for store, snap, _ in sources])
+        if checks is KEEP
+        else check_list(checks)
+    )
+    out = create_like(sources[0][0], target, schema, overwrite, capacity=capacity)
+    record_stored_checks(out, stored)
     taken: set[str] = set()
+    planned = []
+    for store, snap, positions in sources:
+        positions = np.asarray(positions, dtype=np.int64)
+        planned.append((snap, positions, _renumbered(store, snap, positions, out.schema, taken)))
+    if capacity is not None:  # the newest episodes of all sources together that fit
+        kept = fifo_kept(pa.concat_tables([rows for _, _, rows in planned]), capacity)
+        bounds = np.cumsum([0] + [len(p) for _, p, _ in planned])
+        planned = [
+            (snap, positions[kept[a:b]], rows.filter(pa.array(kept[a:b])))
+            for (snap, positions, rows), a, b in zip(planned, bounds[:-1], bounds[1:], strict=True)
+        ]
     expected: list[pa.Table] = []
     values: list[pa.Table] = []
-    total = sum(len(positions) for _, _, positions in sources)
+    total = sum(len(positions) for _, positions, _ in planned)
     with bar(total, f"merge into {target.url}", progress, unit="episode") as shown:
-        for store, snap, positions in sources:
-            positions = np.asarray(positions, dtype=np.int64)
-            rows = _renumbered(store, snap, positions, out.schema, taken)
+        for snap, positions, rows in planned:
             arrays: dict[tuple[str, str], TensorArray | FrameArray] = {}
             writers = rows["writer"].to_pylist()
-            for lo, hi in _batches(snap, positions, batch_bytes):
+            for lo, hi in _batches(snap, positions, batch_bytes, capacity):
                 batch = rows.slice(lo, hi - lo)
                 for f in out.schema.tensor_fields:
                     name = f"ref/{f.key}"
@@ -110,6 +155,36 @@ def merge(
         order = pa.array(np.lexsort((rows["episode_id"].to_numpy(), rows["created_at"].to_numpy())))
         verify_copy(rows.take(order), Snapshot(merged), pa.concat_tables(values).take(order) if values else None)
     return merged
+
+
+def merged_capacity(capacities: Sequence[tuple[str, Capacity | None]]) -> Capacity | None:
+    """The capacity of sources ``(url, capacity)``: theirs when all have the same (or none), else
+    :class:`ArgumentError` naming two that differ."""
+    url0, first = capacities[0]
+    for url, capacity in capacities[1:]:
+        if capacity != first:
+            raise ArgumentError(
+                f"merge: the sources' capacities differ ({url0}: {first or 'none'}; {url}: {capacity or 'none'}); "
+                "pass capacity= to choose the merged dataset's (None: no capacity)"
+            )
+    return first
+
+
+def merged_checks(checks: Sequence[tuple[str, Sequence[Check]]]) -> tuple[Check, ...]:
+    """The stored checks of sources ``(url, checks)``: each distinct check once, in the order first met;
+    :class:`ArgumentError` naming both sources when two checks of the same name differ."""
+    seen: dict[str, tuple[str, Check]] = {}
+    for url, stored in checks:
+        for c in stored:
+            if c.name not in seen:
+                seen[c.name] = (url, c)
+            elif seen[c.name][1] != c:
+                first_url, first = seen[c.name]
+                raise ArgumentError(
+                    f"merge: {first_url} and {url} both store a check named {c.name!r} and they differ "
+                    f"({first} vs {c}); pass checks= to choose the merged dataset's (() for none)"
+                )
+    return tuple(c for _, c in seen.values())
 
 
 def merged_schema(schemas: Sequence[tuple[str, DatasetSchema]]) -> DatasetSchema:

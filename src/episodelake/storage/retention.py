@@ -38,21 +38,30 @@ class Capacity:
     """The most episodes/steps a dataset keeps, and how long evicted data stays for time travel.
 
     ``steps``/``episodes``: the limits (None: no limit of that kind; at least
-    one is set). ``retention_hours``: evicted and deleted data older than this
-    are removed by the automatic vacuum (versions before an eviction stay
-    readable until then); below :data:`~episodelake.table.MIN_RETENTION_HOURS`
-    (1 h; 0: at the next automatic vacuum) it needs ``break_old_versions=True``,
-    which accepts that readers pinned to a version older than that, and time
-    travel to it, fail. ``vacuum_every``: the automatic vacuum runs after
-    every that many commits of a writing ``Dataset`` on local disk (object
-    stores: ``ds.maintenance.vacuum()`` is explicit).
+    one is set). ``keep_versions``: with ``retention_hours=None`` (the
+    default), the automatic vacuum keeps the files of the last
+    ``keep_versions`` table versions whole (time travel to them and readers
+    pinned to them read them exactly) and reclaims everything older, counted in
+    commits, not time, so the disk a buffer takes stays bounded by its
+    capacity whatever the commit rate (docs/replay.md, "Disk use").
+    ``retention_hours`` (a number): the time window instead: evicted and
+    deleted data older than this are removed by the automatic vacuum (versions
+    before an eviction stay readable until then); below
+    :data:`~episodelake.table.MIN_RETENTION_HOURS` (1 h; 0: at the next
+    automatic vacuum) it needs ``break_old_versions=True``, which accepts that
+    readers pinned to a version older than that, and time travel to it, fail.
+    ``vacuum_every``: the automatic vacuum runs after at most that many
+    commits of a writing ``Dataset`` on local disk, and with the version window
+    also after every quarter of the buffer rewritten (object stores:
+    ``ds.maintenance.vacuum()`` is explicit).
     """
 
     steps: int | None = None
     episodes: int | None = None
-    retention_hours: float = 1.0
+    retention_hours: float | None = None
     vacuum_every: int = 64
     break_old_versions: bool = False
+    keep_versions: int = 16
 
     def __post_init__(self) -> None:
         for name in ("steps", "episodes"):
@@ -62,20 +71,21 @@ class Capacity:
         if self.steps is None and self.episodes is None:
             raise ArgumentError("capacity needs steps and/or episodes")
         hours = self.retention_hours
-        if isinstance(hours, bool) or not isinstance(hours, int | float) or not hours >= 0:
-            raise ArgumentError(f"capacity retention_hours must be a number >= 0, got {hours!r}")
+        if hours is not None and (isinstance(hours, bool) or not isinstance(hours, int | float) or not hours >= 0):
+            raise ArgumentError(f"capacity retention_hours must be a number >= 0 or None, got {hours!r}")
         if not isinstance(self.break_old_versions, bool):
             raise ArgumentError(f"capacity break_old_versions must be a bool, got {self.break_old_versions!r}")
-        if hours < MIN_RETENTION_HOURS and not self.break_old_versions:
+        if hours is not None and hours < MIN_RETENTION_HOURS and not self.break_old_versions:
             raise ArgumentError(
                 f"capacity retention_hours={hours} is below the safe minimum of {MIN_RETENTION_HOURS:g} h: the "
                 "automatic vacuum would remove evicted episodes that readers pinned to a version less than "
                 f"{MIN_RETENTION_HOURS:g} h old still read (and time travel to it); "
                 "pass break_old_versions=True to accept that"
             )
-        every = self.vacuum_every
-        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-            raise ArgumentError(f"capacity vacuum_every must be a positive int, got {every!r}")
+        for name in ("vacuum_every", "keep_versions"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ArgumentError(f"capacity {name} must be a positive int, got {value!r}")
 
     @classmethod
     def parse(cls, value: Capacity | int | Mapping[str, Any] | None) -> Capacity | None:
@@ -91,9 +101,10 @@ class Capacity:
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> Capacity:
         """The capacity a dataset descriptor records. A descriptor written before ``break_old_versions``
-        existed (0.2) may hold a shorter retention, chosen when no override was asked: it stands."""
+        existed (0.2) may hold a shorter retention, chosen when no override was asked: it stands. One written
+        before the version window (0.8 and older) records a number of hours: its time window stands too."""
         fields = dict(obj)
-        hours = fields.get("retention_hours", 1.0)
+        hours = fields.setdefault("retention_hours", 1.0)  # written before 0.2 recorded it: 0.2's default
         if "break_old_versions" not in fields and isinstance(hours, int | float) and hours < MIN_RETENTION_HOURS:
             fields["break_old_versions"] = True
         return cls(**fields)

@@ -109,6 +109,7 @@ class EpisodeTable:
         self.loc = loc
         self.dt = dt
         self.file_shares = 1  # compaction keeps files below 1/file_shares of the table (capacity datasets: 16)
+        self.auto_compact = True  # compact every COMPACT_EVERY commits (off: a capacity buffer's vacuum compacts)
         self._commits_since_compact = 0
         self._compactor: threading.Thread | None = None
         self._checkpoint_stamp = (-1, -1)  # (mtime, version) of the last _last_checkpoint read
@@ -135,6 +136,11 @@ class EpisodeTable:
         try:
             dt = DeltaTable(loc.delta_uri(), version=version, storage_options=loc.delta_options())
         except TableNotFoundError as exc:
+            if version is not None and _log_kept(loc):  # the version's log entries were trimmed (trim_log)
+                raise ArgumentError(
+                    f"version {version} is no longer kept at {loc.url}: its log entries were removed "
+                    "(a capacity dataset keeps its last capacity.keep_versions versions; docs/replay.md)"
+                ) from exc
             raise DatasetNotFoundError(f"no episode table at {loc.delta_uri()}") from exc
         except Exception as exc:  # deltalake raises plain errors for unknown versions
             if version is not None:
@@ -281,7 +287,10 @@ class EpisodeTable:
                 predicate = f"episode_id >= {min(ids)} AND episode_id <= {max(ids)}"
             else:
                 predicate = f"episode_id IN ({', '.join(map(str, ids))})"
-            write_deltalake(self.dt, rows, mode="overwrite", predicate=predicate, commit_properties=props)
+            merge = _merged(self.dt, rows)  # an eviction that records the first quality failure adds its columns
+            write_deltalake(
+                self.dt, rows, mode="overwrite", predicate=predicate, schema_mode=merge, commit_properties=props
+            )
 
         return self._commit(attempt, landed, token=lambda: token[0])
 
@@ -378,7 +387,7 @@ class EpisodeTable:
         if landed is not None:
             landed(self.version)
         self._commits_since_compact += 1
-        if self._commits_since_compact >= COMPACT_EVERY:
+        if self._commits_since_compact >= COMPACT_EVERY and self.auto_compact:
             if self.loc.is_local:
                 self._compact_in_background()
             else:
@@ -661,6 +670,114 @@ def _vacuum_once(loc: Location, parts: tuple[str, ...], retention_hours: float, 
                 with contextlib.suppress(FileNotFoundError):  # a concurrent vacuum removed it first
                     loc.fs.rm(path)
     return sorted(out)
+
+
+def vacuum_table_window(loc: Location, parts: tuple[str, ...], keep_versions: int, dry_run: bool) -> list[str]:
+    """Delete the data files of the Delta table at ``parts`` that none of its last ``keep_versions`` versions
+    references; their paths, sorted (the automatic vacuum of a capacity dataset, docs/replay.md "Disk use").
+
+    Works on the latest version ``L``, read now. A file the log removed at
+    version ``r`` was last referenced by version ``r - 1``: it goes once
+    ``r - 1 < L - keep_versions + 1``, whatever the time (versions older than
+    the window lose it: time travel to them and readers pinned to them fail
+    with an error, never read other data, since file names are never
+    reused). Removals are read from the log entries on storage and from the
+    version's own tombstones. Files the log never named (a commit in flight, a
+    crash leftover) go only once older than :data:`UNREFERENCED_FLOOR_HOURS`,
+    as in :func:`vacuum_table_files`. The log itself is not written (no
+    ``VACUUM`` entries: the window counts the episodes' versions only).
+    """
+    uri = loc.child_url(*parts)
+    try:
+        dt = DeltaTable(uri, storage_options=loc.delta_options())
+    except TableNotFoundError:
+        return []
+    except Exception as exc:
+        raise table_error(exc, loc, f"vacuum of {uri}") from exc
+    now = time.time()
+    latest = dt.version()
+    oldest_kept = latest - keep_versions + 1  # the oldest version whose files stay
+    try:
+        tombstones = {_name(p) for p in dt.vacuum(retention_hours=0, dry_run=True, enforce_retention_duration=False)}
+        live = {_name(p) for p in pa.table(dt.get_add_actions(flatten=True)).column("path").to_pylist()}
+        removed_at = _removals(loc, parts, latest)
+        on_disk = _stored_files(loc, parts)  # listed after the version was read (see vacuum_table_files)
+    except Exception as exc:
+        raise table_error(exc, loc, f"vacuum of {uri}") from exc
+    kept = {name for name, version in removed_at.items() if version - 1 >= oldest_kept}
+    named = tombstones | set(removed_at)
+    cutoff = now - UNREFERENCED_FLOOR_HOURS * 3600.0
+    out = []
+    for path, (_, mtime) in on_disk.items():
+        name = _name(path)
+        if name in live or name in kept:
+            continue
+        if name in named or mtime < cutoff:
+            out.append(path)
+            if not dry_run:
+                with contextlib.suppress(FileNotFoundError):  # a concurrent vacuum removed it first
+                    loc.fs.rm(path)
+    return sorted(out)
+
+
+def _removals(loc: Location, parts: tuple[str, ...], latest: int) -> dict[str, int]:
+    """File name -> the version whose log entry removed it, over the entries on storage up to ``latest``."""
+    out: dict[str, int] = {}
+    for path in sorted(loc.fs.glob(loc.child(*parts, layout.LOG, layout.LOG_ENTRY_PATTERN))):
+        try:
+            version = int(_name(path).split(".", 1)[0])
+        except ValueError:
+            continue
+        if version > latest:
+            continue
+        try:
+            text = loc.fs.cat_file(path).decode()
+        except FileNotFoundError:
+            continue  # trimmed meanwhile: its removals went with the files of versions before the window
+        for line in text.splitlines():
+            if '"remove"' in line:
+                action = json.loads(line).get("remove")
+                if action and "path" in action:
+                    out[_name(str(action["path"]))] = version
+    return out
+
+
+def trim_log(loc: Location, parts: tuple[str, ...], keep_from: int, dry_run: bool = False) -> list[str]:
+    """Delete the log entries and checkpoints of the Delta table at ``parts`` before its newest checkpoint at or
+    before version ``keep_from``; their paths, sorted.
+
+    Every version from that checkpoint on stays readable (a table is read from
+    a checkpoint and the entries after it; a handle on an older version
+    moving to the latest reads the newest checkpoint instead), and so do
+    ``history()`` entries from it on. Nothing is removed without such a
+    checkpoint.
+    """
+    log = loc.child(*parts, layout.LOG)
+    checkpoints: dict[str, int] = {}
+    for path in loc.fs.glob(f"{log}/{layout.CHECKPOINT_PATTERN}"):
+        with contextlib.suppress(ValueError):
+            checkpoints[path] = int(_name(path).split(".", 1)[0])
+    base = max((v for v in checkpoints.values() if v <= keep_from), default=None)
+    if base is None:
+        return []
+    doomed = [p for p, v in checkpoints.items() if v < base]
+    for path in loc.fs.glob(f"{log}/{layout.LOG_ENTRY_PATTERN}"):
+        with contextlib.suppress(ValueError):
+            if int(_name(path).split(".", 1)[0]) < base:
+                doomed.append(path)
+    if not dry_run:
+        for path in doomed:
+            with contextlib.suppress(FileNotFoundError):
+                loc.fs.rm(path)
+    return sorted(doomed)
+
+
+def _log_kept(loc: Location) -> bool:
+    """Whether the episode table's log holds a checkpoint (so its latest version opens)."""
+    try:
+        return bool(loc.fs.glob(loc.child(*layout.log_parts(), layout.CHECKPOINT_PATTERN)))
+    except Exception:
+        return False
 
 
 def _name(path: str) -> str:
