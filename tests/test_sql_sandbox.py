@@ -222,3 +222,102 @@ def test_cli_where_is_sandboxed(recorded):
     )
     assert ok.returncode == 0, ok.stderr
     assert json.loads(ok.stdout) == [{"n": sum(r.meta["success"] for r in raws)}]
+
+
+# ---- questions about the machine, the process and the database are refused (issue 39)
+
+INTROSPECTION = {
+    "(SELECT value FROM duckdb_settings() WHERE name = 'secret_directory') LIKE '/%'": "duckdb_settings",
+    "(SELECT count(*) FROM duckdb_databases()) > 0": "duckdb_databases",
+    "(SELECT count(*) FROM duckdb_functions()) > 0": "duckdb_functions",
+    "(SELECT count(*) FROM duckdb_tables) >= 0": "duckdb_tables",
+    "(SELECT count(*) FROM information_schema.tables) >= 0": "information_schema.tables",
+    "(SELECT count(*) FROM pg_catalog.pg_class) >= 0": "pg_catalog.pg_class",
+    "(SELECT count(*) FROM sqlite_master) >= 0": "sqlite_master",
+    "(SELECT library_version FROM pragma_version()) <> ''": "pragma_version",
+    "(SELECT count(*) FROM pragma_database_size()) >= 0": "pragma_database_size",
+    "(SELECT count(*) FROM query_table('episodes')) > 0": "query_table",
+    "(SELECT count(*) FROM query('SELECT 1')) > 0": "query",
+    "current_setting('threads') > 0": "current_setting",
+    "current_setting('memory_limit') LIKE '%GiB'": "current_setting",
+    "version() <> ''": "version",
+    "current_database() <> ''": "current_database",
+    "(SELECT count(*) FROM range(3)) = 3": "range",
+    "(SELECT count(*) FROM (DESCRIBE episodes)) > 0": "DESCRIBE",
+    "(WITH e AS (SELECT 1) SELECT count(*) FROM duckdb_views()) >= 0": "duckdb_views",
+    "length > 0 AND (SELECT max(x.length) FROM episodes x, duckdb_settings() s) > 0": "duckdb_settings",
+}
+
+
+@pytest.mark.parametrize("predicate", list(INTROSPECTION))
+def test_predicates_cannot_ask_about_the_machine_or_the_database(ds, predicate):
+    """Only the dataset's views and plain functions: each refusal is a QueryError naming what was refused."""
+    err = _refused(lambda: ds.where(predicate))
+    assert "refused" in str(err) and INTROSPECTION[predicate] in str(err), str(err)
+    _refused(lambda: ds.where("length > 0").where(f"list_max(reward) > -100 AND {predicate}"))
+    _refused(lambda: ds.sql(f"SELECT episode_id FROM episodes WHERE {predicate}", sandbox=True))
+    _refused(lambda: ds.select_episodes(f"SELECT episode_id FROM episodes WHERE {predicate}"))
+    _refused(lambda: _first(ds, el.Weighted(f"CASE WHEN {predicate} THEN 1 ELSE 2 END")))
+    _refused(lambda: el.Anchors(f"t >= 0 AND {predicate}"))
+
+
+def test_stored_checks_that_ask_about_the_machine_are_refused(tmp_path):
+    check = el.Check("leak", "(SELECT count(*) FROM duckdb_settings()) > 0")
+    with pytest.raises(el.QueryError, match="duckdb_settings"):
+        build_robot_dataset(str(tmp_path / "ds"), seed=1, episodes=2, per_commit=2, max_length=5, checks=(check,))
+
+
+LEGITIMATE = [
+    "(WITH m AS (SELECT episode_id, max(reward) AS top FROM steps GROUP BY episode_id) "
+    "SELECT top FROM m WHERE m.episode_id = episodes.episode_id) > 1.0",
+    "episode_id IN (SELECT episode_id FROM (SELECT episode_id, row_number() OVER (ORDER BY length DESC, episode_id) "
+    "AS n FROM episodes) WHERE n <= 5)",
+    "list_sum([r * 2 for r in reward if r > 0]) > 1 AND coalesce(task, '') LIKE 'p%' AND length::DOUBLE > 1",
+    "(SELECT count(*) FROM steps s JOIN episodes e USING (episode_id) WHERE e.episode_id = episodes.episode_id) > 3",
+]
+
+
+@pytest.mark.parametrize("predicate", LEGITIMATE)
+def test_ordinary_predicates_with_subqueries_ctes_and_windows_still_run(ds, predicate):
+    """The allow-list keeps what filters need: subqueries, CTEs and window functions over the views."""
+    want = ds.sql(f"SELECT episode_id FROM episodes WHERE {predicate}").fetchnumpy()["episode_id"]  # unsandboxed
+    assert 0 < len(want) < len(ds)
+    assert sorted(ds.where(predicate).episode_ids.tolist()) == sorted(want.tolist())
+
+
+RUNAWAY = (
+    "(SELECT sum(a.reward * b.reward * c.reward * d.reward * e.reward * f.reward) "
+    "FROM steps a, steps b, steps c, steps d, steps e, steps f) > 0"
+)  # ~200 steps: 6e13 rows, days of a core: it ends only by its time limit
+
+
+def test_a_runaway_where_hits_the_time_limit_of_the_environment(recorded):
+    """``EPISODELAKE_QUERY_TIMEOUT_S`` limits every sandboxed query of a process (a subprocess: a failure here
+    must not leave a query running)."""
+    root, _ = recorded
+    script = (
+        "import episodelake as el, sys\n"
+        f"ds = el.Dataset.open({str(root / 'ds')!r}, read_only=True)\n"
+        "try:\n"
+        f"    ds.where({RUNAWAY!r})\n"
+        "except el.QueryError as exc:\n"
+        "    print(exc)\n"
+    )
+    env = {**__import__("os").environ, "EPISODELAKE_QUERY_TIMEOUT_S": "0.5"}
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
+    assert run.returncode == 0, run.stderr
+    assert "time limit of 0.5 s" in run.stdout and "EPISODELAKE_QUERY_TIMEOUT_S" in run.stdout, run.stdout
+
+
+def test_query_limits_bound_where_weights_and_sandboxed_sql(ds):
+    from episodelake.storage.sql import query_limits
+
+    with query_limits(0.5):
+        for call in (
+            lambda: ds.where(RUNAWAY),
+            lambda: ds.sql(f"SELECT episode_id FROM episodes WHERE {RUNAWAY}", sandbox=True).fetchall(),
+            lambda: _first(ds, el.Weighted(f"CASE WHEN {RUNAWAY} THEN 1 ELSE 2 END")),
+        ):
+            err = _refused(call)
+            assert "time limit of 0.5 s" in str(err), str(err)
+    assert len(ds.where("length > 0")) == len(ds)  # the next query runs as usual

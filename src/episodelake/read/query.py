@@ -55,6 +55,7 @@ never a pass over steps or tensors.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import weakref
@@ -71,7 +72,7 @@ from ..core.errors import ArgumentError, CorruptionError, EpisodeLakeError, Quer
 from ..core.schema import FieldSpec
 from ..core.stats import STAT_PARTS, StatsTable, stat_column, stat_fields, value_moments, values_moments
 from ..storage.faults import storage_fault
-from ..storage.sql import connect, quote, sql_template, steps_columns
+from ..storage.sql import REFUSED, check_sandboxed, connect, limited, quote, sql_template, steps_columns
 from ..storage.table import EpisodeTable
 from .collection import EpisodeCollection, subset
 from .snapshot import Snapshot
@@ -87,8 +88,7 @@ T = TypeVar("T")
 def query_failure(exc: duckdb.Error, what: str) -> QueryError:
     """The QueryError of a query DuckDB refused (``what`` names it), a sandbox refusal said as such."""
     if isinstance(exc, duckdb.PermissionException):
-        refused = "refused, sandboxed SQL reads nothing but the dataset's episodes and steps views"
-        return QueryError(f"{what}: {refused}: {exc}")
+        return QueryError(f"{what}: {REFUSED}: {exc}")
     return QueryError(f"{what}: {exc}")
 
 
@@ -456,6 +456,8 @@ def _has_rows(query: Any, what: str, sandbox: bool) -> bool:
         )
     if len(kinds) != 1:
         raise QueryError(f"{what} takes one SQL statement per call, got {len(kinds)} in {query!r}")
+    if sandbox:
+        check_sandboxed(query, f"{what} {query!r}")
     return kinds[0] in ROW_STATEMENTS
 
 
@@ -476,15 +478,23 @@ class SQLResult:
         self._query, self._params = query, params
         self._sandbox, self._what = sandbox, what
         self._stream: duckdb.DuckDBPyConnection | None = None
+        if sandbox:
+            check_sandboxed(query, what)
         self._plan(views)
 
     def _plan(self, views: Views) -> None:
         """Bind the query over ``views``."""
         self._views = views
         try:
-            self._rel = views.cursor(self._sandbox).sql(self._query, params=self._params)
+            self._cur = views.cursor(self._sandbox)
+            with self._limited(self._cur):
+                self._rel = self._cur.sql(self._query, params=self._params)
         except duckdb.Error as exc:
             raise views.failure(exc, self._what) from exc
+
+    def _limited(self, cur: duckdb.DuckDBPyConnection) -> contextlib.AbstractContextManager[None]:
+        """A sandboxed query's run under its time limit (:func:`limited`); trusted SQL runs unlimited."""
+        return limited(cur, self._what) if self._sandbox else contextlib.nullcontext()
 
     @property
     def relation(self) -> duckdb.DuckDBPyRelation:
@@ -496,7 +506,8 @@ class SQLResult:
             if views is not self._views:
                 self._plan(views)
             try:
-                return how(self._rel)
+                with self._limited(self._cur):
+                    return how(self._rel)
             except duckdb.Error as exc:
                 raise views.failure(exc, self._what) from exc
 
@@ -507,8 +518,10 @@ class SQLResult:
         try:
             if self._stream is None:
                 self._stream = views.cursor(self._sandbox)
-                self._stream.execute(self._query, self._params)
-            return how(self._stream)
+                with self._limited(self._stream):
+                    self._stream.execute(self._query, self._params)
+            with self._limited(self._stream):
+                return how(self._stream)
         except duckdb.Error as exc:
             self._end_stream()
             raise views.failure(exc, self._what) from exc
@@ -570,11 +583,12 @@ class SQLResult:
     def arrow(self, batch_size: int = 1_000_000) -> pa.RecordBatchReader:
         """The rows as a ``pyarrow.RecordBatchReader`` of up to ``batch_size`` rows a batch, streamed."""
         reader = self._fetch(lambda rel: rel.to_arrow_reader(batch_size))
-        views = self._views
+        views, cur = self._views, self._cur
 
         def batches() -> Iterator[pa.RecordBatch]:
             try:
-                yield from reader
+                with self._limited(cur):  # the time limit covers the whole stream, from its first batch
+                    yield from reader
             except (duckdb.Error, pa.ArrowException, OSError) as exc:  # DuckDB's error, through Arrow's stream
                 raise views.failure(duckdb.Error(str(exc)), self._what) from exc
 
@@ -688,6 +702,7 @@ def where_condition(predicate: Any, params: Any, caller: str = "where()") -> tup
     check_params(params, caller)
     what = f"invalid {caller} predicate {predicate!r}"
     _bound(f"SELECT 1 WHERE ({predicate}\n)", params, what)
+    check_sandboxed(f"SELECT episode_id FROM episodes WHERE (\n{predicate}\n)", what)
     # the predicate on lines of its own: a trailing -- comment cannot reach the closing parenthesis
     return what, " WHERE (\n" + predicate + "\n)"
 
@@ -721,15 +736,18 @@ def where(collection: EpisodeCollection, predicate: str, params: Any = None) -> 
         try:
             if chosen is None and not (snap.scan_ready() or state.where_unscanned or snap.derived.fields):
                 state.where_unscanned = True  # once: a dataset queried again is worth its index in memory
-                return snap, _where_unscanned(snap, condition, params)
+                return snap, _where_unscanned(snap, condition, params, what)
             cur = state.connection(sandbox=True).cursor()
             cur.register("episode_index", state.index_table(chosen))
             try:
-                found = cur.sql(f"SELECT {quote(POSITION)} FROM episode_index" + condition, params=params)
-                return snap, np.sort(found.to_arrow_table().column(0).to_numpy())
+                with limited(cur, what):
+                    found = cur.sql(f"SELECT {quote(POSITION)} FROM episode_index" + condition, params=params)
+                    return snap, np.sort(found.to_arrow_table().column(0).to_numpy())
             except (duckdb.BinderException, duckdb.CatalogException):  # needs more than the index: other columns
                 query = "SELECT episode_id FROM episodes" + condition
-                tbl = _cursor(snap, _view_ids(collection, snap), True).sql(query, params=params).to_arrow_table()
+                cur = _cursor(snap, _view_ids(collection, snap), True)
+                with limited(cur, what):
+                    tbl = cur.sql(query, params=params).to_arrow_table()
                 return snap, positions_in(snap, tbl, what)
         except duckdb.Error as exc:
             raise state.failure(exc, what) from exc
@@ -737,7 +755,7 @@ def where(collection: EpisodeCollection, predicate: str, params: Any = None) -> 
     return answer(collection, body)
 
 
-def _where_unscanned(snap: Snapshot, condition: str, params: Any) -> np.ndarray:
+def _where_unscanned(snap: Snapshot, condition: str, params: Any, what: str) -> np.ndarray:
     """The positions (sorted) of every episode of ``snap`` that ``condition`` holds for, before its index scan.
 
     The predicate runs over ``episodes`` (the table files: partitions pruned,
@@ -746,7 +764,9 @@ def _where_unscanned(snap: Snapshot, condition: str, params: Any) -> np.ndarray:
     a dataset does not wait for the scan of every index column.
     """
     query = "SELECT created_at, episode_id FROM episodes" + condition
-    tbl = _cursor(snap, None, True, used=query).sql(query, params=params).to_arrow_table()
+    cur = _cursor(snap, None, True, used=query)
+    with limited(cur, what):
+        tbl = cur.sql(query, params=params).to_arrow_table()
     created = tbl.column("created_at").combine_chunks().cast(pa.int64()).to_numpy()
     try:
         return np.sort(snap.positions_of_keys(created, tbl.column("episode_id").to_numpy()))

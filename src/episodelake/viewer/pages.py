@@ -3,7 +3,15 @@
 Every value from the dataset is escaped (``html.escape``) and every link's
 query string encoded (``urlencode``), so meta strings and filters cannot
 inject markup. The episode page carries its plot data as JSON in a
-``<script type="application/json">`` block that ``static/viewer.js`` draws.
+``<script type="application/json">`` block (``<``, ``>`` and ``&`` escaped as
+``\u003c``...) that ``static/viewer.js`` draws. Pages hold no inline script,
+style or event handler, so the server's Content-Security-Policy allows the
+package's own assets only.
+
+Episodes are shown by their place in the list as it is sorted and filtered
+(``#12``), the episode id second; list pages count from 1 in the URL
+(``?page=1``) as on the page; an episode's previous/next follow the list's
+order and keep its filter and sort in their links.
 """
 
 from __future__ import annotations
@@ -77,10 +85,12 @@ def list_page(data: dict[str, Any], where: str, sort: str, desc: bool) -> str:
         head.append(f'<th><a href="{_link("/", where=where, sort=c, desc=flip)}">{escape(c)}{arrow}</a></th>')
     rows = []
     at = {c: i for i, c in enumerate(columns)}
-    for r in data["rows"]:
-        eid = r[at["episode_id"]]
-        cells = [
-            f'<td><a class="episode" href="{_link(f"/episode/{eid}", where=where)}">{eid}</a></td>'
+    desc_q = "1" if desc else None
+    for n, r in enumerate(data["rows"], data["offset"] + 1):
+        eid = int(r[at["episode_id"]])
+        href = _link(f"/episode/{eid}", where=where, sort=None if sort == "episode_id" else sort, desc=desc_q)
+        cells = [f'<td class="place"><a class="episode" href="{href}">#{n}</a></td>'] + [
+            f'<td class="id">{eid}</td>'
             if c == "episode_id"
             else f"<td>{_flags(r[i] and c == 'terminated', r[i] and c == 'truncated')}</td>"
             if c in FLAGS
@@ -93,19 +103,18 @@ def list_page(data: dict[str, Any], where: str, sort: str, desc: bool) -> str:
     shown = f"{first}–{data['offset'] + len(data['rows'])}" if data["rows"] else "none"
     matching = f" matching <code>{escape(where)}</code>" if where.strip() else ""
     links = []
-    desc_q = "1" if desc else None
-    if page > 0:
+    if page > 1:
         links.append(
             f'<a id="prev-page" href="{_link("/", where=where, sort=sort, desc=desc_q, page=page - 1)}">← previous</a>'
         )
-    links.append(f"page {page + 1} of {pages}")
-    if page + 1 < pages:
+    links.append(f"page {page} of {pages}")
+    if page < pages:
         links.append(
             f'<a id="next-page" href="{_link("/", where=where, sort=sort, desc=desc_q, page=page + 1)}">next →</a>'
         )
     body = f"""<h1>Episodes</h1>
 <p id="count" data-count="{data["count"]}">{data["count"]} of {data["total"]} episodes{matching}; showing {shown}</p>
-<table id="episodes"><thead><tr>{"".join(head)}</tr></thead><tbody>{"".join(rows)}</tbody></table>
+<table id="episodes"><thead><tr><th>#</th>{"".join(head)}</tr></thead><tbody>{"".join(rows)}</tbody></table>
 <p class="pages">{" · ".join(links)}</p>"""
     return layout("Episodes", body, where)
 
@@ -121,9 +130,11 @@ def _script_json(value: Any) -> str:
     return json.dumps(value).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
-def episode_page(data: dict[str, Any], where: str) -> str:
-    """One episode: its videos with one scrubber and frame counter, per-step plots with a cursor, its columns."""
+def episode_page(data: dict[str, Any], where: str, sort: str = "episode_id", desc: bool = False) -> str:
+    """One episode: its place in the list (``#n of count``, its id second), videos with one scrubber and frame
+    counter, per-step plots with a cursor, its columns; previous/next in the list's order (``where``, ``sort``)."""
     eid = data["episode_id"]
+    keep = {"where": where, "sort": None if sort == "episode_id" else sort, "desc": "1" if desc else None}
     videos = "".join(
         f'<figure><video class="camera" data-key="{escape(k)}" src="/video/{eid}/{quote(k)}.webm" muted playsinline'
         f' preload="auto" width="{shape[1] if data["layouts"][k] == "HWC" else shape[2]}"></video>'
@@ -136,12 +147,17 @@ def episode_page(data: dict[str, Any], where: str) -> str:
         if target is None:
             neighbours.append(f'<span class="disabled">{label}</span>')
         else:
-            neighbours.append(f'<a id="{name}-episode" href="{_link(f"/episode/{target}", where=where)}">{label}</a>')
+            neighbours.append(f'<a id="{name}-episode" href="{_link(f"/episode/{target}", **keep)}">{label}</a>')
     columns = [[k, v] for k, v in data["row"].items()]
     plot_data = {"frames": data["frames"], "fps": data["fps"], "plots": data["plots"]}
-    body = f"""<h1>Episode {eid}</h1>
-<p class="neighbours">{neighbours[0]} · episode {data["index"] + 1} of {data["count"]} · {neighbours[1]}
- · <a href="{_link("/", where=where)}">list</a></p>
+    place = data["index"] + 1
+    back = _link(
+        "/", where=where, sort=keep["sort"], desc=keep["desc"], page=data["page"] if data["page"] > 1 else None
+    )
+    body = f"""<h1 id="place" data-index="{place}">Episode #{place} <small>of {data["count"]}</small></h1>
+<p class="id">episode id <code id="episode-id">{eid}</code></p>
+<p class="neighbours">{neighbours[0]} · #{place} of {data["count"]} · {neighbours[1]}
+ · <a id="list" href="{back}">list</a></p>
 <p>length {data["length"]} {_flags(data["terminated"], data["truncated"])}</p>
 <section id="player"><div class="videos">{videos or "<p>no camera fields</p>"}</div>
 <div class="controls"><button id="play" type="button">play</button>
@@ -150,7 +166,7 @@ def episode_page(data: dict[str, Any], where: str) -> str:
 <section id="plots"></section>
 <h2>Columns</h2>{_table(["column", "value"], columns, "columns")}
 <script id="episode-data" type="application/json">{_script_json(plot_data)}</script>"""
-    return layout(f"Episode {eid}", body, where)
+    return layout(f"Episode #{place}", body, where)
 
 
 def _when(ms: Any) -> str:
