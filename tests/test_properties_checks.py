@@ -101,3 +101,13 @@ def test_a_check_differing_only_in_on_fail_is_refused_and_reopened_datasets_agre
     reopened = el.Dataset.open(path)
     assert reopened.quality.list() == (el.Check("gate", "length >= 3", on_fail=first),)
     assert outcome_of_a_failing_write(reopened) == first
+
+
+def test_failures_sql_of_no_checks_selects_no_rows_with_the_failure_columns():
+    """The documented edge of ``failures_sql`` (the write gate calls it only with checks; an audit needs one)."""
+    import duckdb
+
+    from episodelake.core.quality import FAILURE_COLUMNS, failures_sql
+
+    rel = duckdb.sql(failures_sql([]))
+    assert tuple(rel.columns) == FAILURE_COLUMNS and rel.fetchall() == []
