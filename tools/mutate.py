@@ -15,7 +15,7 @@ the kinds in :data:`OPERATORS` (comparisons off by one or flipped, ``and``/
 ``raise``/``return``/``continue``, a removed ``.result()``/``.wait()``),
 skips docstrings, comments and mutants that do not compile, and draws
 ``--per-module`` of them with a seeded generator (same seed, same tree: same
-mutants). The hand-planted :data:`NAMED` mutations (bugs found in 0.2) run
+mutants). The hand-planted :data:`NAMED` mutations (bugs found in 0.2, and in 0.8 by issue 39) run
 too (``--no-named`` leaves them out). Each mutant is written into the copy, the module's test files run
 (``pytest -x -q``, default markers; tests named one by one run whatever
 their marker) with the copy first on ``PYTHONPATH``, and
@@ -163,7 +163,8 @@ OPERATORS: list[tuple[str, str, str]] = [
 # whole statements replaced by ``pass`` (single-line ones only)
 DROPPED = {ast.Raise: "drop-raise", ast.Return: "drop-return", ast.Continue: "drop-continue", ast.Break: "drop-break"}
 
-# The bugs the 0.2 mutation run found surviving (issue 20), planted exactly: (name, module, old, new).
+# The bugs the 0.2 mutation run found surviving (issue 20), and those hand-planted against 0.8 (issue 39), planted
+# exactly: (name, module, old, new).
 NAMED: list[tuple[str, str, str, str]] = [
     (
         "last starts of each episode never sampled",
@@ -212,6 +213,61 @@ NAMED: list[tuple[str, str, str, str]] = [
         "storage/location",
         "lowered = str(name).lower()",
         "lowered = str(name)",
+    ),
+    # hand-planted against 0.8 (issue 39) that the suite missed; each now has the property test that kills it
+    (
+        "anchor weights ignored when episode weights are given",
+        "sampling/anchors",
+        "return self.item_mass(w if self.weight is None else w * self.weight)",
+        "return self.item_mass(w)",
+    ),
+    (
+        "weighted anchors of a shard drawn from every shard's",
+        "sampling/anchors",
+        "mass = np.cumsum(weight[self.rank :: self.world], dtype=np.float64)",
+        "mass = np.cumsum(weight, dtype=np.float64)",
+    ),
+    (
+        "capacity eviction ordered by id before time",
+        "storage/retention",
+        "        order = np.lexsort((ids, created))\n        k = evict_count(",
+        "        order = np.lexsort((created, ids))\n        k = evict_count(",
+    ),
+    (
+        "a state taken at the end of a pass resumes into an empty epoch",
+        "sampling/stream",
+        "        self._state = self._planner.state()\n        self._done = self._planner.pass_finished()\n",
+        "        self._state = self._planner.state()\n        self._done = False\n",
+    ),
+    (
+        "a bounded meta field refuses a missing value at write",
+        "core/constraints",
+        "bad = _out_of_bounds(f, bound, rows) & valid",
+        "bad = _out_of_bounds(f, bound, rows)",
+    ),
+    (
+        "a bounded meta field refuses a missing value in set_meta",
+        "ops/edit",
+        'bad = ~(rows >= limit if bound == "min" else rows <= limit).all(axis=1) & valid',
+        'bad = ~(rows >= limit if bound == "min" else rows <= limit).all(axis=1)',
+    ),
+    (
+        "split cuts an observation-aligned derived column as if it had T rows",
+        "ops/edit",
+        "columns[f.key] = pa.array([rows[: at + extra_rows(f)], rows[at:]], f.arrow_type())",
+        "columns[f.key] = pa.array([rows[:at], rows[at:]], f.arrow_type())",
+    ),
+    (
+        "split refused exactly at capacity",
+        "ops/edit",
+        "snap.num_episodes + 1 > capacity.episodes:",
+        "snap.num_episodes + 1 >= capacity.episodes:",
+    ),
+    (
+        "a check re-added with another on_fail silently ignored",
+        "core/quality",
+        "        elif have[c.name] != c:",
+        "        elif (have[c.name].predicate, have[c.name].level) != (c.predicate, c.level):",
     ),
 ]
 
