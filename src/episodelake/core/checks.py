@@ -104,6 +104,20 @@ def _check_float_range(f: FieldSpec, arr: np.ndarray, rows: bool, where: str) ->
     raise ValidationError(f"{where}: field {f.key!r} value {value!r}{at} does not fit {dt} (largest {top!r})")
 
 
+def plain(value: Any) -> Any:
+    """``value`` with NumPy scalars and arrays (also inside dicts, lists and tuples) as plain Python values.
+
+    For messages: ``{'seed': 3}``, never ``{'seed': array(3, dtype=uint64)}``.
+    """
+    if isinstance(value, np.ndarray | np.generic):
+        return value.tolist()
+    if isinstance(value, Mapping):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(plain(v) for v in value)
+    return value
+
+
 StepPlan = dict[str, tuple[str, np.dtype, tuple[int, ...], bool]]
 
 
@@ -197,9 +211,9 @@ def check_flags(terminated: Any, truncated: Any, where: str) -> tuple[bool, bool
     for name, v in (("terminated", terminated), ("truncated", truncated)):
         arr = np.asarray(v)
         if arr.shape != () or arr.dtype.kind not in "bui":
-            raise ValidationError(f"{where}: {name} must be a scalar bool, got {v!r}")
+            raise ValidationError(f"{where}: {name} must be a scalar bool, got {plain(v)!r}")
         if arr.dtype.kind != "b" and int(arr) not in (0, 1):
-            raise ValidationError(f"{where}: {name} must be a bool, got {v!r}")
+            raise ValidationError(f"{where}: {name} must be a bool, got {plain(v)!r}")
         flags.append(bool(arr))
     if flags[0] and flags[1]:
         raise ValidationError(f"{where}: terminated and truncated are both set")

@@ -24,12 +24,12 @@ Messages print plain values (Python numbers and strings, never NumPy reprs).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
+from .checks import plain
 from .episode import EpisodeBatch
 from .errors import QualityError
 from .schema import CONSTRAINTS, DatasetSchema, FieldSpec
@@ -59,20 +59,6 @@ class Violation:
         value = plain(getattr(self.field, self.constraint))
         at = "" if self.step is None else f" at step {self.step}"
         return f"field {self.field.key!r} fails {self.constraint}={value!r}{at}"
-
-
-def plain(value: Any) -> Any:
-    """``value`` with NumPy scalars and arrays (also inside dicts, lists and tuples) as plain Python values.
-
-    For messages: ``{'seed': 3}``, never ``{'seed': array(3, dtype=uint64)}``.
-    """
-    if isinstance(value, np.ndarray | np.generic):
-        return value.tolist()
-    if isinstance(value, Mapping):
-        return {k: plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return type(value)(plain(v) for v in value)
-    return value
 
 
 def constrained(schema: DatasetSchema) -> list[FieldSpec]:

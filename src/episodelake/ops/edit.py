@@ -46,8 +46,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..core.checks import meta_value
-from ..core.constraints import plain
+from ..core.checks import meta_value, plain
 from ..core.episode import EpisodeBatch, concat_rows, extra_rows
 from ..core.errors import ArgumentError, CommitConflictError, QualityError, ValidationError
 from ..core.schema import DatasetSchema, FieldSpec

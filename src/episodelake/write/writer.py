@@ -27,12 +27,20 @@ from typing import Any
 
 import numpy as np
 
-from ..core.checks import check_flags, check_meta, check_values, missing_required, plain_value, split_role, step_plan
-from ..core.constraints import plain
+from ..core.checks import (
+    check_flags,
+    check_meta,
+    check_values,
+    missing_required,
+    plain,
+    plain_value,
+    split_role,
+    step_plan,
+)
 from ..core.episode import FinishedEpisode, python_meta
 from ..core.errors import ArgumentError, EpisodeStateError, QualityError, ValidationError
 from ..core.schema import STEP_KEYS, DatasetSchema, FieldSpec, flatten_role
-from ..core.spellings import refuse
+from ..core.spellings import Refused
 from .commit import CommitSink
 
 Meta = Mapping[str, Any]
@@ -324,9 +332,8 @@ class EpisodeWriter:
         elif self._state == "awaiting" and exc_type is not None:
             self.discard()
 
-    def __getattr__(self, name: str) -> Any:
-        """episodata's writer calls (``end``, ``add_steps``, ``episode_id``) are refused with what to write instead."""
-        refuse("EpisodeWriter", name)
+    # episodata's writer calls: refused with what to write instead (:mod:`episodelake.core.spellings`)
+    end, add_steps, episode_id = (Refused("EpisodeWriter") for _ in range(3))
 
     def __repr__(self) -> str:
         missing = self.awaiting_meta
