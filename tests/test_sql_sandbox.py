@@ -304,7 +304,7 @@ def test_a_runaway_where_hits_the_time_limit_of_the_environment(recorded):
         "    print(exc)\n"
     )
     env = {**__import__("os").environ, "EPISODELAKE_QUERY_TIMEOUT_S": "0.5"}
-    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env)
     assert run.returncode == 0, run.stderr
     assert "time limit of 0.5 s" in run.stdout and "EPISODELAKE_QUERY_TIMEOUT_S" in run.stdout, run.stdout
 
