@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +21,11 @@ from episodelake.ops.copy import verify_copy
 from .conftest import robot_schema
 from .reference import random_episode
 from .test_s3 import assert_episode
+from .workers.replay import Fifo, check_episode, length_of, live_numbers
+from .workers.replay import episode as replay_episode
+from .workers.replay import schema as replay_schema
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def camera_metadata(ds: el.Dataset) -> list[dict]:
@@ -130,3 +138,121 @@ def _batch_sizes(lengths, batch_bytes):
             acc = 0
         acc += size
     yield acc
+
+
+# ---- dataset-level settings travel with a copy (issue 39, item 4)
+
+GATES = (
+    el.Check("not_13", "n <> 13", on_fail="quarantine"),
+    el.Check("not_14", "n <> 14"),  # reject
+    el.Check("not_15", "n <> 15", on_fail="warn"),
+    el.Check("short", "length <= 11", on_fail="warn"),
+)
+
+
+def gated_buffer(path: str | None, options: dict | None = None) -> el.Dataset:
+    """A replay buffer of 40 steps with :data:`GATES`, holding episodes 0..9 (episode order = their numbers)."""
+    ds = el.Dataset.create(
+        replay_schema(),
+        path,
+        storage_options=options,
+        capacity=el.Capacity(steps=40),
+        checks=GATES,
+        commit_episodes=10**6,
+    )
+    feed(ds, range(10))
+    return ds
+
+
+def feed(ds: el.Dataset, numbers) -> list[int]:
+    """Append episodes ``numbers`` one commit each; the numbers rejected."""
+    rejected = []
+    for n in numbers:
+        try:
+            ds.append_episodes([replay_episode(n)])
+            ds.flush()
+        except el.QualityError:
+            ds.flush(discard=True)
+            rejected.append(n)
+    return rejected
+
+
+def gate_record(ds: el.Dataset) -> dict[int, tuple[bool, list[str]]]:
+    """Episode number -> (quarantined, checks failed) of every episode stored in the latest version."""
+    ds.refresh()
+    tbl = ds._store.table.read(["n", "quarantined", "checks_failed"])
+    rows = zip(tbl["n"].to_pylist(), tbl["quarantined"].to_pylist(), tbl["checks_failed"].to_pylist(), strict=True)
+    return {n: (bool(q), sorted(c or [])) for n, q, c in rows}
+
+
+@pytest.mark.parametrize("where", ["disk", "s3"])
+def test_a_copy_gates_and_evicts_exactly_as_its_source(where, tmp_path, request):
+    """Checks (each on_fail) and the capacity travel: the same appends give the same buffer as a FIFO model."""
+    src = gated_buffer(str(tmp_path / "src"))
+    options = request.getfixturevalue("s3_server").storage_options if where == "s3" else None
+    dest = request.getfixturevalue("s3_url") if where == "s3" else str(tmp_path / "copy")
+    copy = src.copy_to(dest, options, progress=False)
+    assert copy.quality.list() == src.quality.list() == GATES
+    assert copy.maintenance.descriptor["capacity"] == src.maintenance.descriptor["capacity"]
+    model = Fifo(steps=40)
+    model.commit([(n, length_of(n)) for n in range(10)])
+    for numbers in (range(10, 17), range(17, 40)):  # the gated episodes, then enough to evict them
+        assert feed(src, numbers) == feed(copy, numbers) == [n for n in numbers if n == 14]
+        for n in numbers:
+            if n != 14:
+                model.commit([(n, length_of(n))])
+        visible = [n for n in model.numbers if n != 13]
+        assert live_numbers(src) == live_numbers(copy) == visible
+        assert live_numbers(copy.quality.quarantine()) == [n for n in model.numbers if n == 13]
+        assert copy.num_steps <= 40
+        record = gate_record(copy)
+        assert record == gate_record(src)
+        assert sorted(record) == model.numbers
+        for n, (quarantined, failed) in record.items():
+            want = (["not_13"] if n == 13 else []) + (["not_15"] if n == 15 else [])
+            want += ["short"] if length_of(n) > 11 else []
+            assert (quarantined, failed) == (n == 13, sorted(want))
+    for ref in copy.episodes():
+        check_episode(ref)
+
+
+def test_a_copy_overrides_or_drops_capacity_checks_and_partitioning(tmp_path):
+    src = gated_buffer(str(tmp_path / "src"))
+    plain = src.copy_to(str(tmp_path / "plain"), capacity=None, checks=(), progress=False)
+    assert plain.quality.list() == () and "capacity" not in plain.maintenance.descriptor
+    assert feed(plain, range(10, 40)) == []  # nothing rejected, nothing quarantined, nothing evicted
+    assert live_numbers(plain)[-30:] == list(range(10, 40)) and plain.num_steps > 40
+    other = (el.Check("not_20", "n <> 20"),)
+    small = src.copy_to(str(tmp_path / "small"), capacity=15, checks=other, partition_by=["kind"], progress=False)
+    model = Fifo(steps=15)
+    model.commit([(n, length_of(n)) for n in live_numbers(src)])
+    assert live_numbers(small) == model.numbers  # the newest episodes that fit, as the buffer's eviction keeps
+    assert small.quality.list() == other and small.maintenance.descriptor["partition_by"] == ["kind"]
+    assert small.maintenance.descriptor["capacity"]["steps"] == 15
+    assert feed(small, [20, 21]) == [20]
+    model.commit([(21, length_of(21))])
+    assert live_numbers(small) == model.numbers
+    with pytest.raises(el.QueryError):
+        src.copy_to(str(tmp_path / "bad"), checks=[el.Check("bad", "no_such_column > 0")], progress=False)
+    assert not (tmp_path / "bad").exists()
+
+
+def test_cli_copy_carries_checks_and_capacity_in_a_subprocess(tmp_path):
+    src = gated_buffer(str(tmp_path / "src"))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        cmd = [sys.executable, "-m", "episodelake.cli", "copy", *args, "--quiet"]
+        return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+    done = cli(str(tmp_path / "src"), str(tmp_path / "copy"))
+    assert done.returncode == 0 and "copied" in done.stdout, done.stderr
+    copy = el.Dataset.open(str(tmp_path / "copy"))
+    assert copy.quality.list() == GATES and copy.maintenance.descriptor["capacity"]["steps"] == 40
+    assert live_numbers(copy) == live_numbers(src)
+    assert feed(copy, [13, 14]) == [14] and live_numbers(copy.quality.quarantine()) == [13]
+    done = cli(str(tmp_path / "src"), str(tmp_path / "bare"), "--no-checks", "--no-capacity")
+    assert done.returncode == 0, done.stderr
+    bare = el.Dataset.open(str(tmp_path / "bare"))
+    assert bare.quality.list() == () and "capacity" not in bare.maintenance.descriptor
+    assert feed(bare, [13, 14]) == [] and live_numbers(bare)[-2:] == [13, 14]

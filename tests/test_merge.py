@@ -25,6 +25,9 @@ import episodelake as el
 from .conftest import robot_schema
 from .reference import RawEpisode
 from .test_schema_edit import build, raw_set
+from .workers.replay import Fifo, length_of, live_numbers
+from .workers.replay import episode as replay_episode
+from .workers.replay import schema as replay_schema
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
@@ -200,3 +203,70 @@ def test_cli_merge_and_schema_edits_in_a_subprocess(tmp_path):
     assert bad.returncode == 1 and "reward" in bad.stderr and el.Dataset.open(str(tmp_path / "m")).version == 4
     bad = cli("merge", str(tmp_path / "m"), str(tmp_path / "a"), str(tmp_path / "n"))
     assert bad.returncode == 1 and "lineage columns" in bad.stderr and not (tmp_path / "n").exists()
+
+
+# ---- dataset-level settings travel with a merge (issue 39, item 4)
+
+
+def replay_buffer(path: str, checks: tuple, numbers, steps: int | None = 40) -> el.Dataset:
+    capacity = None if steps is None else el.Capacity(steps=steps)
+    ds = el.Dataset.create(replay_schema(), path, capacity=capacity, checks=checks, commit_episodes=10**6)
+    for n in numbers:
+        ds.append_episodes([replay_episode(n)])
+        ds.flush()
+    return ds
+
+
+QUARANTINE_13 = el.Check("not_13", "n <> 13", on_fail="quarantine")
+REJECT_14 = el.Check("not_14", "n <> 14")
+WARN_15 = el.Check("not_15", "n <> 15", on_fail="warn")
+
+
+def test_a_merge_carries_the_union_of_checks_and_a_shared_capacity(tmp_path):
+    a = replay_buffer(str(tmp_path / "a"), (QUARANTINE_13, WARN_15), range(0, 8))
+    b = replay_buffer(str(tmp_path / "b"), (REJECT_14, QUARANTINE_13), range(100, 108))
+    merged = el.merge([a, b], str(tmp_path / "m"), progress=False)
+    assert merged.quality.list() == (QUARANTINE_13, WARN_15, REJECT_14)
+    assert merged.maintenance.descriptor["capacity"]["steps"] == 40
+    model = Fifo(steps=40)  # b's episodes were recorded after a's: the newest that fit, across both
+    model.commit([(n, length_of(n)) for n in [*live_numbers(a), *live_numbers(b)]])
+    assert live_numbers(merged) == model.numbers and merged.num_steps <= 40
+    for n in (13, 14, 15, 16):
+        try:
+            merged.append_episodes([replay_episode(n)])
+            merged.flush()
+            model.commit([(n, length_of(n))])
+        except el.QualityError:
+            merged.flush(discard=True)
+            assert n == 14
+    assert live_numbers(merged) == [n for n in model.numbers if n != 13]
+    assert live_numbers(merged.quality.quarantine()) == [n for n in model.numbers if n == 13]
+    for n in range(17, 40):
+        merged.append_episodes([replay_episode(n)])
+        merged.flush()
+        model.commit([(n, length_of(n))])
+    assert live_numbers(merged) == model.numbers and merged.num_steps <= 40
+
+
+def test_a_merge_refuses_settings_that_differ_unless_given(tmp_path):
+    a = replay_buffer(str(tmp_path / "a"), (QUARANTINE_13,), range(0, 5))
+    other = el.Check("not_13", "n <> 13", on_fail="warn")  # the same name, another on_fail
+    b = replay_buffer(str(tmp_path / "b"), (other,), range(100, 105))
+    c = replay_buffer(str(tmp_path / "c"), (), range(200, 205), steps=None)
+    with pytest.raises(el.ArgumentError, match="not_13") as caught:
+        el.merge([a, b], str(tmp_path / "m"), progress=False)
+    assert a.location.url in str(caught.value) and b.location.url in str(caught.value)
+    with pytest.raises(el.ArgumentError, match="capacities differ") as caught:
+        el.merge([a, c], str(tmp_path / "m"), progress=False)
+    assert a.location.url in str(caught.value) and c.location.url in str(caught.value)
+    assert not (tmp_path / "m").exists()
+    merged = el.merge([a, b, c], str(tmp_path / "m"), capacity=None, checks=[REJECT_14], progress=False)
+    assert merged.quality.list() == (REJECT_14,) and "capacity" not in merged.maintenance.descriptor
+    assert len(merged) == len(a) + len(b) + len(c)
+    bigger = el.merge([a, c], str(tmp_path / "m2"), capacity={"steps": 30}, checks=(), progress=False)
+    model = Fifo(steps=30)
+    model.commit([(n, length_of(n)) for n in [*live_numbers(a), *live_numbers(c)]])
+    assert live_numbers(bigger) == model.numbers and bigger.quality.list() == ()
+    done = cli("merge", str(tmp_path / "a"), str(tmp_path / "c"), str(tmp_path / "m3"), "--no-capacity", "--quiet")
+    assert done.returncode == 0, done.stderr
+    assert el.Dataset.open(str(tmp_path / "m3")).quality.list() == (QUARANTINE_13,)
