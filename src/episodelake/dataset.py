@@ -441,6 +441,9 @@ class CollectionReads:
         chunk_rows: int | Mapping[str, int] | None = KEEP,
         compression: str | Mapping[str, str | None] | None = KEEP,
         codecs: Mapping[str, str | tuple[str, int] | None] = KEEP,
+        capacity: Capacity | int | Mapping[str, Any] | None = KEEP,
+        checks: Iterable[Check] = KEEP,
+        partition_by: Iterable[str] = KEEP,
         overwrite: bool = False,
         progress: bool | None = None,
         verify: bool = True,
@@ -453,11 +456,20 @@ class CollectionReads:
         field, or per field key as a mapping (omitted: as the source has it);
         ``codecs`` re-encodes fields with frame codecs (``{"observation/camera":
         ("jpeg", 90)}``, ``"jpegxl-lossless"``: exact; ``None``: raw or ``compression``). See :func:`copy.copy_to`.
+        Every other dataset-level setting is carried too unless given:
+        ``capacity`` (``None``: none; a copy larger than it keeps the newest
+        episodes that fit), ``checks`` (the stored quality checks; ``()``:
+        none; given ones are bound over the views first), ``partition_by``,
+        ``info`` and the derived columns.
         ``backend``: episodata's ``"memory"`` or ``"zarr"`` (see :func:`~episodelake.core.spellings.backend_path`).
         """
         from .ops.copy import copy_to
 
         dest = backend_path(dest, backend, "copy_to")
+        if checks is not KEEP:
+            from .ops.namespaces import bound_checks
+
+            checks = bound_checks(self, checks)
         copied = copy_to(
             self._origin._store,
             self.snapshot(),
@@ -466,6 +478,9 @@ class CollectionReads:
             chunk_rows=chunk_rows,
             compression=compression,
             codecs=codecs,
+            capacity=capacity if capacity is KEEP else Capacity.parse(capacity),
+            checks=checks,
+            partition_by=partition_by if partition_by is KEEP else list(partition_by),
             overwrite=overwrite,
             progress=progress,
             verify=verify,
@@ -1065,6 +1080,8 @@ def merge(
     *,
     where: str | None = None,
     params: Any = None,
+    capacity: Capacity | int | Mapping[str, Any] | None = KEEP,
+    checks: Iterable[Check] = KEEP,
     overwrite: bool = False,
     progress: bool | None = None,
     verify: bool = True,
@@ -1078,6 +1095,9 @@ def merge(
     source. New unique ids; the meta columns ``source`` (the source's URL)
     and ``source_episode_id`` (the id there) say where each came from.
     Different fields raise :class:`SchemaError` naming the source and field.
+    ``capacity``/``checks`` omitted: the sources' (the union of their stored
+    checks; their capacity when all have the same, else :class:`ArgumentError`);
+    given (``None`` / ``()``: none), they replace them.
     See :mod:`episodelake.ops.merge`.
     """
     from .ops.merge import merge as merge_into
@@ -1091,6 +1111,18 @@ def merge(
         collections.append(source.where(where, params) if where is not None else source)
     picked = [(c._origin._store, c.snapshot(), c.positions) for c in collections]  # type: ignore[attr-defined]
     target = resolve(dest, dict(storage_options or {}))
-    return Dataset(
-        merge_into(picked, target, overwrite=overwrite, progress=progress, verify=verify, batch_bytes=batch_bytes)
+    if checks is not KEEP and collections:
+        from .ops.namespaces import bound_checks
+
+        checks = bound_checks(collections[0], checks)
+    merged = merge_into(
+        picked,
+        target,
+        capacity=capacity if capacity is KEEP else Capacity.parse(capacity),
+        checks=checks,
+        overwrite=overwrite,
+        progress=progress,
+        verify=verify,
+        batch_bytes=batch_bytes,
     )
+    return Dataset(merged)
