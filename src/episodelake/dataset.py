@@ -664,6 +664,10 @@ class Dataset(CollectionReads):
     ) -> Dataset:
         """Create an empty dataset at ``path`` (None: in memory).
 
+        ``path`` must be a new or empty folder, or hold a dataset, which
+        ``overwrite=True`` replaces (else :class:`DatasetExistsError`). A file,
+        or a folder holding anything else, is refused whatever ``overwrite``
+        says, before anything is written (:func:`~episodelake.storage.store.check_target`).
         ``partition_by`` names meta fields to hive-partition the table by.
         ``durable=True`` fsyncs tensor writes (slower; protects against power
         loss, not only process crashes). The commit_* options bound how many
