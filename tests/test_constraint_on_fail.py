@@ -175,3 +175,11 @@ def test_a_meta_field_with_one_bound_is_judged():
     with pytest.raises(el.QualityError, match=r"episode 0: field 'score' fails max=5.0;"):
         ds.append_episodes([{**base, "meta": {"score": np.uint64(7)}}])
     assert len(ds) == 1
+
+
+def test_a_dry_run_fails_only_on_a_rejecting_constraint():
+    ds = el.Dataset.create(schema(min=-1, max_repeat=3, on_fail={"max_repeat": "quarantine"}))
+    assert ds.append_episodes([episode(0, frozen=True), episode(1)], dry_run=True) == 2
+    with pytest.raises(el.QualityError, match="episode 1: field 'observation' fails min"):
+        ds.append_episodes([episode(0, frozen=True), episode(1, low=True)], dry_run=True)
+    assert len(ds) == 0 and len(ds.quality.quarantine()) == 0
