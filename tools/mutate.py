@@ -175,7 +175,7 @@ NAMED: list[tuple[str, str, str, str]] = [
     (
         "a filter on a view widens back to the parent",
         "read/query",
-        'cur.register("episode_index", state.index_table(subset(collection, snap)))',
+        'cur.register("episode_index", state.index_table(chosen))',  # 0.9: the subset is named first
         'cur.register("episode_index", state.index_table(None))',
     ),
     (
