@@ -122,6 +122,9 @@ _PARSER: dict[int, tuple[duckdb.DuckDBPyConnection, frozenset[str]]] = {}  # pid
 _PARSER_LOCK = threading.Lock()
 
 
+_BUILTIN_SCHEMAS = frozenset({"", "main", "system.main"})
+
+
 class SandboxRefusal(Exception):
     """Internal: what the allow-list refused in a statement (see :func:`check_sandboxed`)."""
 
@@ -205,8 +208,11 @@ class _AllowList:
             raise SandboxRefusal(f"a {str(cls).lower()} expression")
         if cls in ("FUNCTION", "WINDOW"):
             name = str(node.get("function_name", ""))
-            if node.get("schema") or node.get("catalog"):
-                raise SandboxRefusal(f"function {node.get('schema') or node.get('catalog')}.{name}()")
+            qualifier = ".".join(str(node[k]) for k in ("catalog", "schema") if node.get(k))
+            # DuckDB 1.5 rewrites list comprehensions into main.list_apply(): the built-in schema
+            # names a function already judged by its name below; any other qualifier is refused
+            if qualifier not in _BUILTIN_SCHEMAS:
+                raise SandboxRefusal(f"function {qualifier}.{name}()")
             if node.get("is_operator") and cls == "FUNCTION":
                 return  # +, ~~ (LIKE), ||, ...: the parser's operators
             if name.lower() not in self.functions:
