@@ -367,7 +367,7 @@ class AutoVacuum:
     """Vacuums a capacity dataset on local disk on the buffer's own cadence, counted in commits through ``store``.
 
     With ``capacity.retention_hours`` None (the version window, the default):
-    after every quarter of the buffer rewritten, measured in the commits its
+    after every eighth of the buffer rewritten, measured in the commits its
     live episodes span (at the last vacuum; at least 1 commit, at most
     ``capacity.vacuum_every``), keeping the last ``capacity.keep_versions``
     versions whole and trimming the log before them; every ``COMPACT_EVERY``
@@ -410,7 +410,7 @@ class AutoVacuum:
         try:
             if capacity.retention_hours is None:
                 _, spanned = _vacuum(self.store, keep_versions=capacity.keep_versions)
-                self.interval = min(capacity.vacuum_every, max(1, spanned // 4))
+                self.interval = min(capacity.vacuum_every, max(1, spanned // 8))
             else:
                 vacuum(
                     self.store,

@@ -52,7 +52,7 @@ class Capacity:
     readers pinned to a version older than that, and time travel to it, fail.
     ``vacuum_every``: the automatic vacuum runs after at most that many
     commits of a writing ``Dataset`` on local disk, and with the version window
-    also after every quarter of the buffer rewritten (object stores:
+    also after every eighth of the buffer rewritten (object stores:
     ``ds.maintenance.vacuum()`` is explicit).
     """
 
