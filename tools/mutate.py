@@ -89,7 +89,7 @@ MODULE_TESTS: dict[str, list[str]] = {
     "ops/edit": ["test_edit.py", "test_properties_meta_bounds.py", "test_properties_split.py", "test_error_seams.py"],
     "viewer/server": ["test_viewer.py", "test_viewer_security.py"],
     "viewer/pages": ["test_viewer.py", "test_viewer_security.py"],
-    "storage/sql/__init__": ["test_sql_sandbox.py", "test_query.py"],
+    "storage/sql/__init__": ["test_sql_sandbox.py", "test_query.py", "test_properties_query_limits.py"],
     "integrations/gymnasium": ["test_gym_recording.py", "test_gym_quality.py"],
     "storage/retention": ["test_capacity.py", "test_properties_capacity.py"],
     "read/collection": ["test_collection.py", "test_concat.py"],
