@@ -166,7 +166,7 @@ def test_the_seed_readme_examples_run_in_order_and_give_what_it_says(tmp_path):
     script = tmp_path / "readme.py"
     script.write_text("\n".join(parts))
     run = subprocess.run(
-        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False
+        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False
     )
     done = re.findall(r"^example (\d+) ok$", run.stdout, flags=re.MULTILINE)
     assert run.returncode == 0, f"failed after examples {done}:\n{run.stderr[-4000:]}"

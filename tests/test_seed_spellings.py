@@ -26,6 +26,7 @@ import episodelake as el
 from episodelake.core.spellings import REFUSED
 
 LENGTHS = [3, 9, 14, 6, 20, 2, 11]
+EPISODATA_ONLY = sorted(k.split(".", 1)[1] for k in REFUSED if k.startswith("episodelake."))
 
 
 def raw(T: int, seed: int = 0) -> dict[str, Any]:
@@ -314,6 +315,15 @@ def test_other_methods_refuse_what_they_do_not_take(ds):
         (lambda ds: ds.episode(0).read().next_infos, "Segment", "next_infos"),
         (lambda ds: ds.segment_stream(2, batch_size=2, seed=0).sample().all_infos, "Segment", "all_infos"),
         (lambda ds: ds.episode(0).read().select(["action"]), "Segment", "select"),
+        (lambda ds: ds.schema.field("action"), "DatasetSchema", "field"),
+        (lambda ds: ds.schema.field_keys("observation"), "DatasetSchema", "field_keys"),
+        (lambda ds: ds.schema.resolve_fields(["action"]), "DatasetSchema", "resolve_fields"),
+        (lambda ds: ds.schema.validate_fields({}), "DatasetSchema", "validate_fields"),
+        (lambda ds: ds.schema.to_dict(), "DatasetSchema", "to_dict"),
+        (lambda ds: el.DatasetSchema.from_dict({}), "DatasetSchema", "from_dict"),
+        (lambda ds: ds.vector_writer(np.zeros((2, 3), np.float32), 2).reset(None), "VectorEpisodeWriter", "reset"),
+        (lambda ds: ds.vector_writer(np.zeros((2, 3), np.float32), 2).step(None), "VectorEpisodeWriter", "step"),
+        *[(lambda ds, n=name: getattr(el, n), "episodelake", name) for name in EPISODATA_ONLY],
     ],
 )
 def test_episodata_names_without_a_counterpart_say_what_to_write(ds, call, owner, name):
@@ -324,9 +334,32 @@ def test_episodata_names_without_a_counterpart_say_what_to_write(ds, call, owner
     )
 
 
+def test_from_episodata_import_names_what_to_write():
+    with pytest.raises(el.ArgumentError, match=r"^episodelake\.ActionOutWriter is episodata's spelling"):
+        from episodelake import ActionOutWriter  # noqa: F401
+    from episodelake import utils
+
+    assert utils.__name__ == "episodelake.utils"  # submodules still import through the module's __getattr__
+
+
+def test_schema_infer_and_read_fields_none(ds):
+    ep = action_out(5)
+    assert (
+        el.DatasetSchema.infer(ep).fields
+        == el.infer_schema({k: v for k, v in raw(5).items() if k not in ("terminated", "truncated")}).fields
+    )
+    assert el.DatasetSchema.infer(raw(4), alignment="action_in").fields == ds.schema.fields
+    assert np.array_equal(ds.episode(1).read(fields=None).obs, ds.episode(1).read().obs)
+    with pytest.raises(el.ArgumentError, match=r"read: fields=\['action'\] is not taken"):
+        ds.episode(1).read(fields=["action"])
+    for call in (lambda: ds.vector_writer(), lambda: ds.vector_writer(num_envs=2)):
+        with pytest.raises(el.ArgumentError, match=r"ds\.vector_writer\(obs, num_envs\)"):
+            call()
+
+
 def test_any_other_missing_attribute_is_still_an_attribute_error(ds):
     assert not hasattr(ds, "no_such_thing") and not hasattr(ds.episode(0), "no_such_thing")
-    assert not hasattr(ds.episode(0).read(), "no_such_thing")
+    assert not hasattr(ds.episode(0).read(), "no_such_thing") and not hasattr(el, "no_such_thing")
     assert getattr(ds, "refresh_later", None) is None
 
 

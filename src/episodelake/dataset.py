@@ -27,7 +27,7 @@ from .core.episode import python_meta, rows_for
 from .core.errors import ArgumentError, DatasetNotFoundError
 from .core.schema import DatasetSchema, infer_schema
 from .core.segments import Segment
-from .core.spellings import backend_path, refuse, seed_episode
+from .core.spellings import Refused, backend_path, refuse, seed_episode
 from .ops.copy import KEEP
 from .ops.namespaces import Columns, Edit, Maintenance
 from .read.collection import EpisodeCollection, selection
@@ -86,8 +86,16 @@ class EpisodeRef:
         """The episode's meta values as Python scalars (None: unset); shaped fields as arrays of their dtype."""
         return {k: python_meta(v) for k, v in self._snap.meta(self.position).items()}
 
-    def read(self, start: int = 0, stop: int | None = None) -> Segment:
-        """Transitions ``[start, stop)`` as a Segment (obs/next_obs share one buffer)."""
+    def read(self, start: int = 0, stop: int | None = None, *, fields: None = None) -> Segment:
+        """Transitions ``[start, stop)`` as a Segment (obs/next_obs share one buffer).
+
+        ``fields``: episodata's field selection; only None (every field) is taken.
+        """
+        if fields is not None:
+            raise ArgumentError(
+                f"read: fields={fields!r} is not taken: a segment holds every field; drop fields= and read the ones "
+                "you need (seg.obs['camera'], seg['observation/camera'])"
+            )
         length = self.length
         stop = length if stop is None else stop
         for name, value in (("start", start), ("stop", stop)):
@@ -120,9 +128,8 @@ class EpisodeRef:
         """Transitions in the episode (:attr:`length`)."""
         return self.length
 
-    def __getattr__(self, name: str) -> Any:
-        """episodata's episode attributes are refused with what to write instead (:mod:`.core.spellings`)."""
-        refuse("EpisodeRef", name)
+    # episodata's episode attributes: refused with what to write instead (:mod:`.core.spellings`)
+    id, segment, step, ongoing, writer = (Refused("EpisodeRef") for _ in range(5))
 
     def __repr__(self) -> str:
         return f"EpisodeRef(id={self.episode_id}, length={self.length})"
@@ -892,12 +899,23 @@ class Dataset(CollectionReads):
 
     def vector_writer(
         self,
-        initial_obs: Any,
-        num_envs: int,
+        initial_obs: Any = None,
+        num_envs: int | None = None,
         autoreset_mode: str = "next_step",
         meta: Mapping[str, Any] | Callable[[int], Mapping[str, Any]] | None = None,
     ) -> VectorEpisodeWriter:
-        """A writer for ``num_envs`` parallel envs (see :class:`VectorEpisodeWriter`)."""
+        """A writer for ``num_envs`` parallel envs (see :class:`VectorEpisodeWriter`).
+
+        Both ``initial_obs`` (the reset observations, ``[num_envs, ...]``) and
+        ``num_envs`` are needed; episodata's ``vector_writer(num_envs)`` then
+        ``writer.reset(obs)`` is an :class:`ArgumentError` saying so.
+        """
+        if initial_obs is None or num_envs is None:
+            raise ArgumentError(
+                "vector_writer takes the reset observations and the number of envs: ds.vector_writer(obs, num_envs) "
+                "with obs, infos = envs.reset(); then writer.add_steps(obs, actions, rewards, terminated, truncated) "
+                "per envs.step (episodata's writer.reset(obs)/writer.step(...))"
+            )
         return VectorEpisodeWriter(self._writer(), initial_obs, num_envs, autoreset_mode, meta)
 
     def append_episodes(

@@ -21,6 +21,7 @@ import pyarrow as pa
 
 from . import codecs
 from .errors import SchemaError
+from .spellings import Refused, seed_episode
 
 ROLES = ("observation", "action", "reward", "extra", "meta")
 STEP_ROLES = ("observation", "action", "reward", "extra")
@@ -609,6 +610,15 @@ class DatasetSchema:
 
     def dumps(self) -> str:
         return json.dumps(self.to_json())
+
+    @classmethod
+    def infer(cls, example_episode: Mapping[str, Any], alignment: str | None = None) -> DatasetSchema:
+        """episodata's spelling of :func:`infer_schema`, its episode keys too (:func:`.spellings.seed_episode`)."""
+        return infer_schema(seed_episode(example_episode, alignment))
+
+    # episodata's other schema methods: refused with what to write instead (:mod:`.spellings`)
+    field, field_keys, resolve_fields = (Refused("DatasetSchema") for _ in range(3))
+    validate_fields, to_dict, from_dict = (Refused("DatasetSchema") for _ in range(3))
 
 
 def flatten_role(value: Any, prefix: str = "") -> dict[str, Any]:

@@ -33,7 +33,7 @@ import numpy as np
 
 from .errors import FieldKeyError
 from .schema import ROLE_ALIASES, DatasetSchema, role_of
-from .spellings import refuse
+from .spellings import Refused
 
 
 def meta_fill(dtype: np.dtype) -> Any:
@@ -291,10 +291,8 @@ class Segment:
         return self.role("reward")
 
     actions, rewards = action, reward  # episodata's plural names
-
-    def __getattr__(self, name: str) -> Any:
-        """episodata's info views are refused with what to read instead (:mod:`episodelake.core.spellings`)."""
-        refuse("Segment", name)
+    # episodata's info views and select(): refused with what to read instead (:mod:`episodelake.core.spellings`)
+    info, infos, next_info, next_infos, all_infos, select = (Refused("Segment") for _ in range(6))
 
     @property
     def extra(self) -> Any:

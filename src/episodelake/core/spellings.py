@@ -5,7 +5,8 @@ episodelake's model has no place for: per-episode ids handed out before an
 episode ends, unfinished episodes kept in storage, storage backends other
 than memory and Zarr. Each such spelling is refused by :func:`refuse` with
 one :class:`~episodelake.errors.ArgumentError` naming the episodata spelling
-and the episodelake form; :func:`backend_path` turns episodata's
+and the episodelake form (classes hold such names as :class:`Refused`
+attributes); :func:`backend_path` turns episodata's
 ``backend=`` into the path episodelake takes, :func:`seed_episode` an
 episodata dict-form episode (action-in or action-out, with ``infos``) into
 episodelake's. docs/ecosystem.md ("Coming from
@@ -47,6 +48,8 @@ REFUSED: dict[str, str] = {
     "EpisodeWriter.episode_id": (
         "an episode gets its id when it is committed: ds.flush(), then ds.episode(-1).episode_id"
     ),
+    "VectorEpisodeWriter.reset": "ds.vector_writer(obs, num_envs): the writer starts at the reset observations",
+    "VectorEpisodeWriter.step": "writer.add_steps(obs, actions, rewards, terminated, truncated, infos) per envs.step",
     "EpisodeRef.id": "ep.episode_id (ids are not positions: ds.episode(i) takes a position, ds.episode(id=) an id)",
     "EpisodeRef.segment": "ep.read(start, stop) (transitions [start, stop))",
     "EpisodeRef.step": "ep.read(t, t + 1), which keeps the time axis",
@@ -57,6 +60,39 @@ REFUSED: dict[str, str] = {
         for name in ("info", "infos", "next_info", "next_infos", "all_infos")
     },
     "Segment.select": "the fields you need by key: seg['observation/camera'] or seg.obs['camera']",
+    "DatasetSchema.field": "schema[key] (a field by its key, 'observation/camera')",
+    "DatasetSchema.field_keys": "[f.key for f in schema.role_fields(role)] (schema.fields is a tuple of FieldSpec)",
+    "DatasetSchema.resolve_fields": "the keys themselves: batches hold every field (schema[key] checks one exists)",
+    "DatasetSchema.validate_fields": "ds.append_episodes([episode], dry_run=True), which validates without writing",
+    "DatasetSchema.to_dict": "schema.to_json() (a list of field dicts) or schema.dumps() (its JSON text)",
+    "DatasetSchema.from_dict": "DatasetSchema.from_json(fields) (the list schema.to_json() gives)",
+    "episodelake.ActionOutWriter": (
+        "whole episodes with final_observation (action-out rows) through ds.append_episodes([episode]) or "
+        "Dataset.from_episodes: converted once when written"
+    ),
+    "episodelake.VectorWriter": "ds.vector_writer(obs, num_envs) (el.VectorEpisodeWriter), then writer.add_steps(...)",
+    "episodelake.Episode": "el.EpisodeRef (what ds.episode(i) returns)",
+    "episodelake.Fields": "el.RoleView (what a role of several fields reads as)",
+    "episodelake.FieldGroup": "el.RoleView (what a role of several fields reads as)",
+    "episodelake.UniformSampler": "sampler=el.Uniform() (the default), seeded by seed=",
+    "episodelake.Sampler": "any object with sample(index, batch_size) (episodelake.samplers.Sampler)",
+    "episodelake.SegmentDataset": "ds.segments(...) (episodelake.sampling.segment_dataset.SegmentDataset)",
+    "episodelake.SegmentStream": "ds.segment_stream(...) (episodelake.sampling.stream.SegmentStream)",
+    **{
+        f"episodelake.{name}": (
+            "Dataset.create(schema, path) or Dataset.create(schema) (memory): one storage format (Zarr v3 "
+            "tensors and a Delta episode table), no pluggable backends"
+        )
+        for name in (
+            "StorageBackend",
+            "MemoryBackend",
+            "ZarrBackend",
+            "NpzDirectoryBackend",
+            "Selection",
+            "get_backend",
+            "register_backend",
+        )
+    },
 }
 
 
@@ -71,6 +107,30 @@ def refuse(owner: str, name: str) -> NoReturn:
     if instead is None:
         raise AttributeError(f"{owner!r} object has no attribute {name!r}")
     raise ArgumentError(f"{owner}.{name} is episodata's spelling, which episodelake does not take; write {instead}")
+
+
+class Refused:
+    """A class attribute standing for an episodata name the class has no counterpart for: reading it refuses.
+
+    ``info = Refused("Segment")`` in a class body makes ``seg.info`` raise
+    :func:`refuse`'s ArgumentError. (A descriptor, not ``__getattr__``, so a
+    property's own AttributeError is never replaced by another message.)
+    """
+
+    def __init__(self, owner: str) -> None:
+        self.owner = owner
+        self.name = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: object, objtype: type | None = None) -> Any:
+        if obj is None:
+            return self  # read on the class: calling it refuses (episodata's classmethods)
+        refuse(self.owner, self.name)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> NoReturn:
+        refuse(self.owner, self.name)
 
 
 def backend_path(path: Any, backend: str | None, method: str) -> Any:

@@ -40,7 +40,7 @@ from ..core.checks import (
 from ..core.episode import FinishedEpisode, python_meta
 from ..core.errors import ArgumentError, EpisodeStateError, QualityError, ValidationError
 from ..core.schema import STEP_KEYS, DatasetSchema, FieldSpec, flatten_role
-from ..core.spellings import refuse
+from ..core.spellings import Refused
 from .commit import CommitSink
 
 Meta = Mapping[str, Any]
@@ -332,9 +332,8 @@ class EpisodeWriter:
         elif self._state == "awaiting" and exc_type is not None:
             self.discard()
 
-    def __getattr__(self, name: str) -> Any:
-        """episodata's writer calls (``end``, ``add_steps``, ``episode_id``) are refused with what to write instead."""
-        refuse("EpisodeWriter", name)
+    # episodata's writer calls: refused with what to write instead (:mod:`episodelake.core.spellings`)
+    end, add_steps, episode_id = (Refused("EpisodeWriter") for _ in range(3))
 
     def __repr__(self) -> str:
         missing = self.awaiting_meta
@@ -360,6 +359,9 @@ class VectorEpisodeWriter:
     ``meta`` is a mapping (same meta for every episode) or a callable
     ``meta(env_index) -> mapping`` called when each episode starts.
     """
+
+    # episodata's VectorWriter calls: refused with what to write instead (:mod:`episodelake.core.spellings`)
+    reset, step = (Refused("VectorEpisodeWriter") for _ in range(2))
 
     def __init__(
         self,
