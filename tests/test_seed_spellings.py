@@ -244,6 +244,9 @@ def test_backend_memory_and_zarr(tmp_path, ds):
         (lambda ds, tmp: ds.copy_to(None, backend="zarr"), "give path="),
         (lambda ds, tmp: ds.copy_to("memory://x", backend="zarr"), "needs a path on disk"),
         (lambda ds, tmp: el.Dataset.from_episodes([raw(3)], backend="npz_directory"), "importers.episodata.load"),
+        (lambda ds, tmp: el.Dataset.create(ds.schema, str(tmp / "b"), chunk_bytes=1 << 20), r"FieldSpec\(chunk_rows="),
+        (lambda ds, tmp: el.Dataset.from_episodes([raw(3)], shard_bytes=1 << 30), r"\['shard_bytes'\]"),
+        (lambda ds, tmp: ds.copy_to(str(tmp / "c"), backend="zarr", chunk_bytes=1), r"copy_to\(chunk_rows=\)"),
     ],
 )
 def test_other_backends_are_refused_naming_the_accepted_ones(ds, tmp_path, call, message):

@@ -456,6 +456,7 @@ class CollectionReads:
         verify: bool = True,
         batch_bytes: int = 256 << 20,
         backend: str | None = None,
+        **backend_options: Any,
     ) -> Dataset:
         """Copy these episodes to ``dest`` (None: memory; disk or object storage), verified.
 
@@ -468,11 +469,12 @@ class CollectionReads:
         episodes that fit), ``checks`` (the stored quality checks; ``()``:
         none; given ones are bound over the views first), ``partition_by``,
         ``info`` and the derived columns.
-        ``backend``: episodata's ``"memory"`` or ``"zarr"`` (see :func:`~episodelake.core.spellings.backend_path`).
+        ``backend``: episodata's ``"memory"`` or ``"zarr"``; ``backend_options``: refused (see
+        :func:`~episodelake.core.spellings.backend_path`).
         """
         from .ops.copy import copy_to
 
-        dest = backend_path(dest, backend, "copy_to")
+        dest = backend_path(dest, backend, "copy_to", backend_options)
         if checks is not KEEP:
             from .ops.namespaces import bound_checks
 
@@ -668,6 +670,7 @@ class Dataset(CollectionReads):
         capacity: Capacity | int | Mapping[str, Any] | None = None,
         checks: Iterable[Check] = (),
         backend: str | None = None,
+        **backend_options: Any,
     ) -> Dataset:
         """Create an empty dataset at ``path`` (None: in memory).
 
@@ -685,10 +688,10 @@ class Dataset(CollectionReads):
         Fields declared ``derived=True`` become derived columns (``columns.update``).
         ``checks`` (``el.Check``) are stored with the dataset (``quality``), each
         bound over the schema's views before anything is created.
-        ``backend``: episodata's ``"memory"`` or ``"zarr"`` (see
-        :func:`~episodelake.core.spellings.backend_path`).
+        ``backend``: episodata's ``"memory"`` or ``"zarr"``; ``backend_options``
+        (episodata's): refused (see :func:`~episodelake.core.spellings.backend_path`).
         """
-        path = backend_path(path, backend, "create")
+        path = backend_path(path, backend, "create", backend_options)
         if checks:
             from .ops.namespaces import bound_checks
 
@@ -809,6 +812,7 @@ class Dataset(CollectionReads):
         checks: Iterable[Check] = (),
         backend: str | None = None,
         alignment: str | None = None,
+        **backend_options: Any,
     ) -> Dataset:
         """Create a dataset from dict-form episodes (or columns with ``lengths``) and commit them.
 
@@ -826,6 +830,7 @@ class Dataset(CollectionReads):
         (``final_observation``, ``infos`` with ``initial_info``/``final_info``)
         and ``alignment`` (see :func:`~episodelake.core.spellings.seed_episode`).
         """
+        backend_path(None, None, "from_episodes", backend_options)
         if isinstance(path, DatasetSchema):  # episodata's order: from_episodes(episodes, schema, path)
             path, schema = cast(Any, schema), path
         if lengths is not None:

@@ -133,14 +133,21 @@ class Refused:
         refuse(self.owner, self.name)
 
 
-def backend_path(path: Any, backend: str | None, method: str) -> Any:
+def backend_path(path: Any, backend: str | None, method: str, options: Mapping[str, Any] | None = None) -> Any:
     """The ``path`` episodelake takes for episodata's ``path=`` and ``backend=`` (None: ``path`` as given).
 
     ``"memory"``: an in-memory dataset (``memory://<path>``, or a fresh
     ``memory://`` name without a path); ``"zarr"``: a dataset on disk or an
     object store at ``path`` (required). Any other backend is an
-    ArgumentError naming the accepted ones.
+    ArgumentError naming the accepted ones; so are ``options``, episodata's
+    ``**backend_options`` (``chunk_bytes=``, ``shard_bytes=``).
     """
+    if options:
+        raise ArgumentError(
+            f"{method}: unknown option(s) {sorted(options)}; episodata's backend options (chunk_bytes=, "
+            "shard_bytes=) are not taken: chunks are set per field, FieldSpec(chunk_rows=), and copy_to(chunk_rows=) "
+            "re-chunks a copy"
+        )
     if backend is None:
         return path
     if backend not in BACKENDS:
