@@ -24,6 +24,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from .. import __version__
+
 EXIT_ERROR = 1
 EXIT_INTERRUPTED = 130
 EXIT_CLOSED_PIPE = 141
@@ -488,6 +490,7 @@ def cmd_lineage(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="episodelake", description="A lakehouse for RL / robotics episodes.")
     parser.add_argument("--debug", action="store_true", help="on an error, raise it with its full traceback")
+    parser.add_argument("--version", action="version", version=f"episodelake {__version__}")
     # --debug is also accepted after the subcommand; SUPPRESS keeps it from overriding the global flag
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
