@@ -345,6 +345,35 @@ def test_from_episodata_import_names_what_to_write():
     assert utils.__name__ == "episodelake.utils"  # submodules still import through the module's __getattr__
 
 
+@pytest.mark.parametrize(
+    ("options", "instead"),
+    [
+        ({"key": "x"}, r"FieldSpec\(name, \.\.\.\)"),
+        ({"low": 0.0}, r"min= \(a quality constraint"),
+        ({"high": 1.0}, r"max= \(a quality constraint"),
+        ({"optional": True}, r"default=value"),
+    ],
+)
+def test_fieldspec_options_of_episodata_name_what_to_write(options, instead):
+    name = () if "key" in options else ("x",)
+    with pytest.raises(
+        el.ArgumentError, match=rf"^FieldSpec\({next(iter(options))}=\.\.\.\) is episodata's.*{instead}"
+    ):
+        el.FieldSpec(*name, shape=(2,), dtype="float32", **options)
+
+
+def test_fieldspec_role_info_names_extra_and_specs_still_copy():
+    with pytest.raises(el.SchemaError, match=r"episodata's role 'info' is role='extra'"):
+        el.FieldSpec("success", (), "float32", role="info")
+    spec = el.FieldSpec("x", (2,), "float32", layout=None, min=0.0)
+    import copy
+    import dataclasses
+    import pickle
+
+    assert pickle.loads(pickle.dumps(spec)) == spec == copy.deepcopy(spec)
+    assert dataclasses.replace(spec, name="y").name == "y"
+
+
 def test_schema_infer_and_read_fields_none(ds):
     ep = action_out(5)
     assert (

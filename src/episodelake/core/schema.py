@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from . import codecs
 from .errors import SchemaError
-from .spellings import Refused, seed_episode
+from .spellings import Refused, refuse_options, seed_episode
 
 ROLES = ("observation", "action", "reward", "extra", "meta")
 STEP_ROLES = ("observation", "action", "reward", "extra")
@@ -234,8 +234,18 @@ class FieldSpec:
     np_dtype: np.dtype = field(init=False, repr=False, compare=False)
     default_value: np.ndarray | None = field(init=False, repr=False, compare=False)
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> FieldSpec:
+        """episodata's FieldSpec keywords (``key=``, ``low=``, ``high=``, ``optional=``) are refused (ArgumentError)."""
+        refuse_options("FieldSpec", kwargs)
+        return super().__new__(cls)
+
     def __post_init__(self) -> None:
         role = role_of(self.role)
+        if role == "info":
+            raise SchemaError(
+                f"field {self.name!r}: episodata's role 'info' is role='extra' here (each step's info; the reset's "
+                "info is not stored)"
+            )
         if role not in ROLES:
             raise SchemaError(f"field {self.name!r}: unknown role {self.role!r}; use one of {ROLES}")
         object.__setattr__(self, "role", role)

@@ -109,6 +109,27 @@ def refuse(owner: str, name: str) -> NoReturn:
     raise ArgumentError(f"{owner}.{name} is episodata's spelling, which episodelake does not take; write {instead}")
 
 
+# episodata keyword -> what to write instead, per callable that takes keywords of its own
+REFUSED_OPTIONS: dict[str, dict[str, str]] = {
+    "FieldSpec": {
+        "key": "FieldSpec(name, ...) (the name inside its role; the field's key is 'role/name')",
+        "low": "min= (a quality constraint: a value below rejects the episode) or description=; no bounds are kept",
+        "high": "max= (a quality constraint: a value above rejects the episode) or description=; no bounds are kept",
+        "optional": "default=value: a step that omits the field stores its default",
+    },
+}
+
+
+def refuse_options(owner: str, given: Mapping[str, Any]) -> None:
+    """ArgumentError for the first of ``given``'s keywords that is an episodata option ``owner`` does not take."""
+    table = REFUSED_OPTIONS[owner]
+    for name in given:
+        if name in table:
+            raise ArgumentError(
+                f"{owner}({name}=...) is episodata's spelling, which episodelake does not take; write {table[name]}"
+            )
+
+
 class Refused:
     """A class attribute standing for an episodata name the class has no counterpart for: reading it refuses.
 
