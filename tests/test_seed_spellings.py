@@ -326,6 +326,12 @@ def test_other_methods_refuse_what_they_do_not_take(ds):
         (lambda ds: el.DatasetSchema.from_dict({}), "DatasetSchema", "from_dict"),
         (lambda ds: ds.vector_writer(np.zeros((2, 3), np.float32), 2).reset(None), "VectorEpisodeWriter", "reset"),
         (lambda ds: ds.vector_writer(np.zeros((2, 3), np.float32), 2).step(None), "VectorEpisodeWriter", "step"),
+        (lambda ds: ds.segment_stream(2, batch_size=2).sample_transitions(), "SegmentStream", "sample_transitions"),
+        (lambda ds: ds.segment_stream(2, batch_size=2).segment_length, "SegmentStream", "segment_length"),
+        (lambda ds: ds.segment_stream(2, batch_size=2).read_chunk_size, "SegmentStream", "read_chunk_size"),
+        (lambda ds: ds.segments(2).fetch([0, 1]), "SegmentDataset", "fetch"),
+        (lambda ds: ds.segments(2).refresh(), "SegmentDataset", "refresh"),
+        (lambda ds: ds.segments(2).segment_length, "SegmentDataset", "segment_length"),
         *[(lambda ds, n=name: getattr(el, n), "episodelake", name) for name in EPISODATA_ONLY],
     ],
 )

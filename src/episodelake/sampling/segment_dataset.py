@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..core.segments import Segment
+from ..core.spellings import Refused
 from ..core.transforms import Transform, apply_transforms, check_transforms
 from ..read.batching import reader_for
 from ..read.collection import EpisodeCollection
@@ -42,6 +43,9 @@ class SegmentDataset:
         transform: field key -> :class:`~episodelake.transforms.FrameTransform`
             or a callable on the field's batch array, applied to each batch.
     """
+
+    # episodata's members: refused with what to write instead (:mod:`episodelake.core.spellings`)
+    fetch, refresh, segment_length = (Refused("SegmentDataset") for _ in range(3))
 
     def __init__(
         self,

@@ -27,6 +27,7 @@ from typing import Any, cast
 import numpy as np
 
 from ..core.errors import ArgumentError
+from ..core.spellings import Refused
 from ..core.transforms import FrameTransform, Transform, apply_transforms, check_transforms
 from ..read.batching import WindowReader, reader_for
 from ..read.collection import EpisodeCollection, selection
@@ -177,6 +178,9 @@ class SegmentStream:
     different world size: rank ``r`` of the new world continues from that
     global position.
     """
+
+    # episodata's stream members: refused with what to write instead (:mod:`episodelake.core.spellings`)
+    sample_transitions, segment_length, read_chunk_size = (Refused("SegmentStream") for _ in range(3))
 
     def __init__(
         self,
