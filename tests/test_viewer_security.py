@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 
 import episodelake as el
 from episodelake.viewer import pages, start
+from episodelake.viewer import server as viewer_server
 
 EPISODES = 9
 RUNAWAY = (
@@ -362,3 +363,36 @@ def test_an_episode_page_says_its_place_in_the_list(server, dataset):
     html = get(f"{server.url}episode/{ids[4]}")[2]
     assert _place(html) == (5, ids[3], ids[5])
     assert f'<code id="episode-id">{ids[4]}</code>'.encode() in html and b"#5 of 9" in html
+
+
+def test_page_links_walk_every_page_once_in_the_lists_order(server, dataset, monkeypatch):
+    """With 2 rows a page, next-links from page 1 reach page N through every episode once, in the sort's order;
+    page 1 has no previous link, the last page no next link, and previous-links walk back the same pages."""
+    monkeypatch.setattr(viewer_server, "PAGE_SIZE", 2)
+    rows = dataset.sql("SELECT episode_id, score FROM episodes").fetchall()
+    order = [eid for eid, _ in sorted(rows, key=lambda r: -r[1])]
+    pages = -(-len(order) // 2)
+    query = {"sort": "score", "desc": "1"}
+    url: str | None = f"{server.url}?{urllib.parse.urlencode(query)}"
+    seen, visited = [], []
+    while url is not None:
+        status, _, html = get(url)
+        assert status == 200
+        text = html.decode()
+        page = len(visited) + 1
+        visited.append(url)
+        assert f"page {page} of {pages}" in text
+        seen += [int(i) for i in re.findall(r'<tr data-episode="(-?\d+)"', text)]
+        assert ('id="prev-page"' in text) == (page > 1)
+        nxt = re.search(r'id="next-page" href="([^"]+)"', text)
+        assert (nxt is not None) == (page < pages)
+        url = server.url.rstrip("/") + nxt.group(1).replace("&amp;", "&") if nxt else None
+    assert seen == order and len(visited) == pages
+    back = []
+    url = visited[-1]
+    while url is not None:
+        html = get(url)[2].decode()
+        back.append(int(re.search(r"page (\d+) of", html).group(1)))
+        prev = re.search(r'id="prev-page" href="([^"]+)"', html)
+        url = server.url.rstrip("/") + prev.group(1).replace("&amp;", "&") if prev else None
+    assert back == list(range(pages, 0, -1))
