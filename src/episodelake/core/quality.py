@@ -137,14 +137,6 @@ def with_added(current: Iterable[Check], added: Iterable[Check]) -> tuple[Check,
     return tuple(out)
 
 
-def without(current: Iterable[Check], name: str) -> tuple[Check, ...]:
-    """``current`` less the check ``name`` (:class:`ArgumentError` naming the stored ones when there is none)."""
-    checks = tuple(current)
-    if name not in {c.name for c in checks}:
-        raise ArgumentError(f"no check named {name!r} (stored: {[c.name for c in checks]})")
-    return tuple(c for c in checks if c.name != name)
-
-
 def checks_to_json(checks: Iterable[Check]) -> str:
     """The stored form of ``checks``: the value of table property :data:`CHECKS_KEY`."""
     return json.dumps([c.to_dict() for c in checks])
