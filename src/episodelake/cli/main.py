@@ -408,15 +408,34 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sql_param(text: str) -> tuple[str, Any]:
+    """``NAME=VALUE`` of ``--param``: the value as JSON (``10``, ``0.5``, ``true``, ``"a"``), else as a string."""
+    name, sep, value = text.partition("=")
+    if not sep or not name.isidentifier():
+        raise argparse.ArgumentTypeError(f"--param takes NAME=VALUE (for $NAME in the SQL), not {text!r}")
+    try:
+        return name, json.loads(value)
+    except ValueError:
+        return name, value
+
+
 def cmd_sql(args: argparse.Namespace) -> int:
     """Run SQL over the ``episodes`` and ``steps`` views; print a table or JSON rows."""
     from ..core.errors import QueryError
 
+    if (args.query is None) == (args.file is None):
+        args.parser.error("give the SQL as QUERY or as --file PATH, one of the two")
+    if args.file is not None:
+        with open(args.file, encoding="utf-8") as f:
+            query = f.read()
+    else:
+        query = args.query
+    params = dict(args.param) or None
     ds = _open_read_only(args)
     collection = ds.where(args.where) if args.where else ds
-    result = collection.sql(args.query)
+    result = collection.sql(query, params)
     if result is None:
-        raise QueryError(f"query {args.query!r} returns no rows to show")
+        raise QueryError(f"query {args.file or query!r} returns no rows to show")
     tbl = result.to_arrow_table()
     rows = tbl.to_pylist()
     if args.json:
@@ -670,7 +689,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("sql", cmd_sql, "run SQL over the episodes and steps views")
     dataset_args(p, "print the rows as a JSON list of objects")
-    p.add_argument("query", help='SQL, e.g. "SELECT task, avg(return) FROM episodes GROUP BY task"')
+    p.add_argument(
+        "query", nargs="?", default=None, help='SQL, e.g. "SELECT task, avg(return) FROM episodes GROUP BY task"'
+    )
+    p.add_argument("--file", default=None, metavar="FILE.sql", help="read the SQL from a file (e.g. sql/*.sql)")
+    p.add_argument(
+        "--param",
+        action="append",
+        type=_sql_param,
+        default=[],
+        metavar="NAME=VALUE",
+        help="bind $NAME in the SQL to VALUE (JSON: 10, 0.5, true; else a string); repeatable",
+    )
     p.add_argument("--where", default=None, help="restrict both views to episodes matching this SQL predicate")
     p.add_argument("--max-rows", type=int, default=100, help="rows to print in table form (default 100)")
 
