@@ -52,7 +52,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -118,6 +118,14 @@ class BufferPool:
             if len(entries) < self.keep:
                 entries.append(entry)
             return entry[1]
+
+
+class Buffers(Protocol):
+    """What hands out a batch's output buffers (:class:`BufferPool`, or a shared-memory slot's arena)."""
+
+    def take(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        """An uninitialized C-contiguous array of ``shape`` and ``dtype`` that nothing else writes now."""
+        ...
 
 
 def _default_resident_bytes() -> int:
@@ -741,11 +749,18 @@ class WindowReader:
         return self._gather(f, pos, rows, None if valid.all() else valid, {})
 
     def _gather(
-        self, f: FieldSpec, pos: np.ndarray, rows: np.ndarray, valid: np.ndarray | None, sources: dict[int, np.ndarray]
+        self,
+        f: FieldSpec,
+        pos: np.ndarray,
+        rows: np.ndarray,
+        valid: np.ndarray | None,
+        sources: dict[int, np.ndarray],
+        buffers: Buffers | None = None,
     ) -> np.ndarray:
         """:meth:`gather` given ``valid`` (the rows inside their episodes, None when all of them are).
 
-        ``sources`` caches the table row numbers by extra rows, for the other fields of the same batch.
+        ``sources`` caches the table row numbers by extra rows, for the other fields of the same batch;
+        ``buffers`` hands out the large output buffers (default: this reader's :class:`BufferPool`).
         """
         if os.getpid() != self._pid:  # forked: locks may have been held by a parent thread
             self._init_process()
@@ -753,7 +768,7 @@ class WindowReader:
         shape = (B, W, *f.shape)
         # small buffers: a fresh array costs less than the pool's bookkeeping, and alignment does not matter
         small = B * W * math.prod(f.shape) * f.np_dtype.itemsize < SMALL_BYTES
-        out = np.empty(shape, f.np_dtype) if small else self.pool.take(shape, f.np_dtype)
+        out = np.empty(shape, f.np_dtype) if small else (buffers or self.pool).take(shape, f.np_dtype)
         flat = out.reshape(B * W, *f.shape)
         values = self._table.get(f.key)
         if values is not None:
@@ -844,12 +859,26 @@ class WindowReader:
                 source.copy_runs(flat, runs)
         copy_runs_many(planned, flat)  # every planned array's reads of the batch in flight together
 
-    def segments(self, pos: np.ndarray, first: np.ndarray, length: int) -> Segment:
+    def pooled(self, count: int, length: int) -> list[tuple[tuple[int, ...], np.dtype]]:
+        """The ``(shape, dtype)`` of each buffer :meth:`segments` takes from its ``buffers`` for ``count`` items.
+
+        In the order :meth:`segments` takes them; smaller fields are fresh arrays.
+        """
+        out = []
+        for f in self.schema.step_fields:
+            shape = (count, rows_for(f, length), *f.shape)
+            if math.prod(shape) * f.np_dtype.itemsize >= SMALL_BYTES:
+                out.append((shape, f.np_dtype))
+        return out
+
+    def segments(self, pos: np.ndarray, first: np.ndarray, length: int, buffers: Buffers | None = None) -> Segment:
         """A batch (``time_axis=1``) of ``length`` transitions from ``first`` of episodes ``pos``.
 
         ``first`` may be negative or run past the episode end: those slots are
         padding (zeros, ``mask`` False). Observation fields hold ``length + 1``
-        rows (``obs``/``next_obs`` are views of them).
+        rows (``obs``/``next_obs`` are views of them). ``buffers`` hands out
+        the large field buffers (those :meth:`pooled` lists, in its order),
+        default this reader's :class:`BufferPool`.
         """
         pos = np.asarray(pos, dtype=np.int64)
         first = np.asarray(first, dtype=np.int64)
@@ -869,7 +898,7 @@ class WindowReader:
             mask = (step_rows >= 0) & (step_rows < T)  # the transitions inside their episodes
         sources: dict[int, np.ndarray] = {}
         data = {
-            f.key: self._gather(f, pos, rows[:, : rows_for(f, length)], inside[extra_rows(f)], sources)
+            f.key: self._gather(f, pos, rows[:, : rows_for(f, length)], inside[extra_rows(f)], sources, buffers)
             for f in self.schema.step_fields
         }
         last = step_rows == T - 1
@@ -898,6 +927,22 @@ def _reset_lock_after_fork() -> None:
 
 
 lifecycle.after_fork("batching", _reset_lock_after_fork)
+
+
+def serve_loader_worker() -> None:
+    """Set this process up as a ``DataLoader`` worker: no resident copy of its own, one copy thread.
+
+    Every worker making its own resident copy of the arrays would hold the
+    dataset once per worker: instead a worker reads raw local arrays through
+    memory-mapped chunk files, so all workers share the kernel's page cache
+    (copies a forked worker inherited from its parent are shared memory and
+    still used). Batches are copied by the worker's own thread: the loader's
+    parallelism is its worker processes, and pool threads in each would only
+    compete with them for the cores.
+    """
+    global COPY_THREADS
+    COPY_THREADS = 1
+    resident.budget = 0
 
 
 def reader_for(snap: Snapshot) -> WindowReader:

@@ -16,10 +16,11 @@ import numpy as np
 from ..core.segments import Segment
 from ..core.spellings import Refused
 from ..core.transforms import Transform, apply_transforms, check_transforms
-from ..read.batching import reader_for
+from ..read.batching import Buffers, reader_for
 from ..read.collection import EpisodeCollection
 from ..read.selection import select
 from .batch import SegmentBatch, collate, unbatch
+from .loader_slots import SlotBatch, loader_worker_slots, slot_bytes
 from .options import Shard, Window, shard_of, window_of
 from .segment_index import SegmentIndex
 
@@ -32,6 +33,10 @@ class SegmentDataset:
     planned read and returns a :class:`SegmentBatch`, which :meth:`collate`
     passes through, so use ``collate_fn=segments.collate``. Picklable: spawn
     workers get the loaded index and small fields; forked workers share them.
+    In ``DataLoader`` workers a batch's large buffers cross to the main
+    process in shared memory (:mod:`~episodelake.sampling.loader_slots`) and
+    raw local arrays are read through the page cache, which all workers share
+    (:func:`~episodelake.read.batching.serve_loader_worker`).
 
     Args:
         collection: a Dataset or DatasetView.
@@ -74,11 +79,26 @@ class SegmentDataset:
         n = len(self)
         if not -n <= i < n:
             raise IndexError(f"segment index {i} out of range for {n} segments")
-        return unbatch(self.__getitems__([int(i) % n]), 0)
+        loader_worker_slots()  # in a DataLoader worker: set the process up as one
+        return unbatch(self._read([int(i) % n]), 0)
 
     def __getitems__(self, ids: Sequence[int]) -> SegmentBatch:
+        """The segments ``ids`` as one batch, read with one planned read.
+
+        In a ``DataLoader`` worker the large buffers are gathered into shared
+        memory and the batch crosses to the main process without copying its
+        bytes (:mod:`~episodelake.sampling.loader_slots`); the main process gets
+        the same :class:`SegmentBatch` it would read itself.
+        """
+        pool = loader_worker_slots()
+        if pool is None:
+            return self._read(ids)
+        arena = pool.arena(slot_bytes(self.reader.pooled(len(ids), self.sequence_length)))
+        return SlotBatch.of(self._read(ids, arena), arena.slot)
+
+    def _read(self, ids: Sequence[int], buffers: Buffers | None = None) -> SegmentBatch:
         k, first = self.index.locate(np.asarray(ids, dtype=np.int64))
-        seg = self.reader.segments(self.index.positions[k], first, self.sequence_length)
+        seg = self.reader.segments(self.index.positions[k], first, self.sequence_length, buffers)
         apply_transforms(seg.data, self.reader.schema, self.transforms)
         return SegmentBatch.wrap(seg, self.context_length)
 
