@@ -224,6 +224,20 @@ def test_copy_to_an_exact_codec_and_back_keeps_every_byte(tmp_path):
     assert [int(x) for x in jxl.snapshot().index["crc/observation/camera"]] == crcs
 
 
+def test_copy_to_a_lossy_codec_at_a_quality_given_as_a_pair(tmp_path):
+    """``codecs={key: (codec, quality)}``: each copy's field carries both, and the higher quality's frames are
+    nearer the written ones (measured against the raw frames the test wrote)."""
+    raw = [rendered(np.random.default_rng(6), 5, 24, 24, 3, sigma=1.0)]
+    src = write(str(tmp_path / "src"), schema((24, 24, 3), storage="tensor"), raw)
+    error = {}
+    for quality in (30, 95):
+        jpeg = src.copy_to(str(tmp_path / f"jpeg{quality}"), codecs={"observation/camera": ("jpeg", quality)})
+        spec = jpeg.schema["observation/camera"]
+        assert (spec.codec, spec.quality) == ("jpeg", quality)
+        error[quality] = float(np.abs(frames_of(jpeg)[0].astype(np.float64) - raw[0]).mean())
+    assert 0 < error[95] < error[30] / 2
+
+
 @pytest.mark.parametrize(
     ("options", "pattern"),
     [
