@@ -83,7 +83,7 @@ MODULE_TESTS: dict[str, list[str]] = {
     ],
     "ops/schema_edit": ["test_schema_edit.py"],
     "ops/merge": ["test_merge.py"],
-    "ops/copy": ["test_copy.py"],
+    "ops/copy": ["test_copy.py", "test_image_codecs.py"],
     "sampling/prefetch": ["test_sampling.py", "test_shutdown.py", "test_prefetch.py"],
     "core/lifecycle": ["test_lifecycle.py"],
     "ops/namespaces": ["test_face.py", "test_maintenance.py", "test_derived.py", "test_bad_input.py", "test_edit.py"],
