@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the names for type checkers and editors; at run time they load on first use
     from .concat import concat
+    from .core.align import Aligned, TimedValues, align
     from .core.errors import (
         ArgumentError,
         CommitConflictError,
@@ -60,6 +61,7 @@ _ERRORS = (
 _LAZY: dict[str, tuple[str, str]] = {
     **{name: (".core.errors", name) for name in _ERRORS.split()},
     "concat": (".concat", "concat"),
+    **{name: (".core.align", name) for name in ("Aligned", "TimedValues", "align")},
     "Check": (".core.quality", "Check"),
     **{
         name: (".core.schema", name)
@@ -112,6 +114,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "Aligned",
     "Anchors",
     "ArgumentError",
     "Batch",
@@ -147,11 +150,13 @@ __all__ = [
     "StorageError",
     "StorageTimeouts",
     "StreamStoppedError",
+    "TimedValues",
     "Uniform",
     "ValidationError",
     "VectorEpisodeWriter",
     "Weighted",
     "Window",
+    "align",
     "concat",
     "infer_schema",
     "load_state",
