@@ -90,6 +90,7 @@ _IMPORT_OPTIONS = {
     "memmap-replay": {"strict", *_MEMMAP_ROLES},
     "episodata": set(),
     "lerobot": set(),
+    "rosbag": {"topics", "rate", "clock", "split", "method", "tolerance", "on_gap", "time"},
 }
 
 
@@ -109,6 +110,11 @@ def cmd_import(args: argparse.Namespace) -> int:
     for name in ("rewards", "terminated", "truncated"):
         if getattr(args, name) is not None:
             options[name] = getattr(args, name)
+    for name in ("rate", "clock", "split", "method", "tolerance", "on_gap", "time"):
+        if getattr(args, name, None) is not None:
+            options[name] = getattr(args, name)
+    if args.topic:
+        options["topics"] = args.topic
     if args.next_observations is not None:
         options["next_observations"] = dict(pair.split("=", 1) for pair in _csv(args.next_observations) or [])
     allowed = _IMPORT_OPTIONS[args.format] | {"progress", "overwrite", "storage_options"}
@@ -552,8 +558,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     dropped_settings(p, "copy")
 
-    p = command("import", cmd_import, "import a Minari, D4RL, memmap-replay-buffer, episodata or LeRobot v3 dataset")
-    p.add_argument("format", choices=["minari", "d4rl", "memmap-replay", "episodata", "lerobot"])
+    p = command(
+        "import", cmd_import, "import a Minari, D4RL, memmap-replay-buffer, episodata, LeRobot v3 dataset or ROS bags"
+    )
+    p.add_argument("format", choices=["minari", "d4rl", "memmap-replay", "episodata", "lerobot", "rosbag"])
     p.add_argument(
         "src", help="source: Minari folder or id, D4RL .hdf5/.npz, replay-buffer folder, episodata path, LeRobot folder"
     )
@@ -570,6 +578,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--truncated", help="memmap-replay: the truncation-flag field")
     p.add_argument("--next-observations", help="memmap-replay: obs=next_obs pairs, comma-separated")
     p.add_argument("--extras", help="memmap-replay: extra per-step fields, comma-separated")
+    p.add_argument("--topic", action="append", help="rosbag: TOPIC[:PATH][=ROLE/NAME], repeated (one an action)")
+    p.add_argument("--rate", type=float, default=None, help="rosbag: control clock rate in Hz")
+    p.add_argument("--clock-topic", dest="clock", default=None, help="rosbag: one clock tick per message on TOPIC")
+    p.add_argument(
+        "--split", default=None, help="rosbag: episodes per 'bag' (default), per TOPIC message, TOPIC:PATH==V"
+    )
+    p.add_argument("--method", choices=["latest", "nearest", "linear"], default=None, help="rosbag: alignment method")
+    p.add_argument("--tolerance", type=float, default=None, help="rosbag: largest alignment error, seconds")
+    p.add_argument("--on-gap", choices=["raise", "mask"], default=None, help="rosbag: a gap beyond the tolerance")
+    p.add_argument("--time", choices=["header", "log"], default=None, help="rosbag: header stamps or receive time")
 
     p = command("export", cmd_export, "export the episode table (parquet, arrow) or the dataset (minari, lerobot)")
     p.add_argument("format", choices=["parquet", "arrow", "minari", "lerobot"])

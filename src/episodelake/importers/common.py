@@ -19,6 +19,7 @@ FORMATS = {
     "memmap-replay": "memmap_replay",
     "episodata": "episodata",
     "lerobot": "lerobot",
+    "rosbag": "rosbag",
 }
 SOURCE_EPISODE = FieldSpec("source_episode", (), "int64", role="meta", description="episode index or id in the source")
 
