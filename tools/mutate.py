@@ -92,7 +92,12 @@ MODULE_TESTS: dict[str, list[str]] = {
     "viewer/pages": ["test_viewer.py", "test_viewer_security.py"],
     "storage/sql/__init__": ["test_sql_sandbox.py", "test_query.py", "test_properties_query_limits.py"],
     "integrations/gymnasium": ["test_gym_recording.py", "test_gym_quality.py"],
-    "storage/retention": ["test_capacity.py", "test_properties_capacity.py", "test_replay_disk.py"],
+    "storage/retention": [
+        "test_capacity.py",
+        "test_properties_capacity.py",
+        "test_replay_disk.py",
+        "test_capacity_options.py",
+    ],
     "read/collection": ["test_collection.py", "test_concat.py"],
     "read/selection": ["test_query.py", "test_properties_selection.py"],
     "core/stats": ["test_stats_scale.py", "test_stats_files.py", "test_query.py", "test_maintenance.py"],
