@@ -220,9 +220,10 @@ def test_split_by_a_message_condition_and_gaps(tmp_path):
     msgs = make_messages(rng, seconds=3.0)
     markers = [(int(0.2e9), 1), (int(1.0e9), 0), (int(1.6e9), 1)]  # data == 1 starts an episode
     bag = write_bag(tmp_path / "bag", "mcap", msgs, markers)
-    ds = el.importers.import_dataset(
+    report = el.importers.import_report(
         "rosbag", bag, None, topics=TOPICS, rate=10.0, split="/episode:data==1", progress=False
     )
+    ds = report.dataset
     bounds = [(int(0.2e9), int(1.6e9)), (int(1.6e9), None)]
     eps = sorted(ds.episodes(), key=lambda e: e.meta["source_episode"])
     assert [e.meta["source_episode"] for e in eps] == [0, 1]
@@ -230,7 +231,9 @@ def test_split_by_a_message_condition_and_gaps(tmp_path):
         ticks, want = expected(msgs, 10.0, lo, hi)
         assert ep.length == len(ticks) - 1
         np.testing.assert_array_equal(ep.read()["observation/camera"], want["/camera/compressed"][0][: len(ticks) - 1])
-    assert ds.info["source"]["stats"]["before_first_episode"] > 0
+    before = sum(1 for items in msgs.values() for t, _ in items if t < bounds[0][0])
+    assert report.skipped == {"messages before the first episode start": before}
+    assert (report.episodes, report.steps) == (2, sum(e.length for e in eps))
     # a tolerance tighter than the camera's period: raised naming the topic and time, or masked as inf
     with pytest.raises(el.ValidationError, match=r"stream '/camera/compressed' has a gap at step \d+ \(clock time"):
         el.importers.import_dataset(

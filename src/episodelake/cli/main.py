@@ -95,7 +95,8 @@ _IMPORT_OPTIONS = {
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from ..importers import import_dataset
+    from ..core.quality import Check
+    from ..importers import import_report
 
     options: dict = {"progress": False if args.quiet else None, "overwrite": args.overwrite}
     if args.options:
@@ -115,16 +116,17 @@ def cmd_import(args: argparse.Namespace) -> int:
             options[name] = getattr(args, name)
     if args.topic:
         options["topics"] = args.topic
+    if args.check:
+        options["checks"] = [Check(name, predicate, on_fail=args.on_fail) for name, predicate in args.check]
     if args.next_observations is not None:
         options["next_observations"] = dict(pair.split("=", 1) for pair in _csv(args.next_observations) or [])
-    allowed = _IMPORT_OPTIONS[args.format] | {"progress", "overwrite", "storage_options"}
+    allowed = _IMPORT_OPTIONS[args.format] | {"progress", "overwrite", "storage_options", "checks"}
     if set(options) - allowed:
         args.parser.error(f"option(s) {sorted(set(options) - allowed)} do not apply to {args.format}")
-    ds = import_dataset(args.format, args.src, args.dst, **options)
-    print(f"imported {len(ds)} episodes ({ds.num_steps} steps) from {args.format} {args.src} to {ds.location.url}")
-    skipped = ds.info.get("source", {}).get("skipped_episodes")
-    if skipped:
-        print(f"skipped {len(skipped)} source episode(s) with no transition to keep: {skipped[:10]}")
+    report = import_report(
+        args.format, args.src, args.dst, dry_run=args.dry_run, on_reject=args.on_reject, **options
+    )  # the summary: episodes, steps, bytes in/out, skipped and why (docs/ecosystem.md)
+    print(report)
     return 0
 
 
@@ -588,6 +590,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tolerance", type=float, default=None, help="rosbag: largest alignment error, seconds")
     p.add_argument("--on-gap", choices=["raise", "mask"], default=None, help="rosbag: a gap beyond the tolerance")
     p.add_argument("--time", choices=["header", "log"], default=None, help="rosbag: header stamps or receive time")
+    p.add_argument("--dry-run", action="store_true", help="read, convert and validate everything; write nothing")
+    p.add_argument(
+        "--check", type=_check_arg, action="append", help="a quality check NAME=PREDICATE the new dataset keeps"
+    )
+    p.add_argument("--on-fail", choices=["reject", "quarantine", "warn"], default="reject", help="what --check does")
+    p.add_argument(
+        "--on-reject", choices=["skip", "raise"], default="skip", help="a rejected episode: count it and go on, or stop"
+    )
 
     p = command("export", cmd_export, "export the episode table (parquet, arrow) or the dataset (minari, lerobot)")
     p.add_argument("format", choices=["parquet", "arrow", "minari", "lerobot"])

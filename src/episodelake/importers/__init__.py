@@ -15,6 +15,6 @@ action-in once, by :func:`.common.action_out_episode`.
 May import: ``integrations``, the façade and every folder below it.
 """
 
-from .common import import_dataset
+from .common import import_dataset, import_report
 
-__all__ = ["import_dataset"]
+__all__ = ["import_dataset", "import_report"]

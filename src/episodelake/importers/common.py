@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -12,6 +13,7 @@ from ..core.errors import ArgumentError, ValidationError
 from ..core.progress import track
 from ..core.schema import DatasetSchema, FieldSpec
 from ..dataset import Dataset
+from .report import ACTIVE, ImportReport, finish, gated_write, path_bytes
 
 FORMATS = {
     "minari": "minari",
@@ -30,6 +32,28 @@ def import_dataset(format: str, src: Any, dst: str | None = None, **options: Any
         raise ArgumentError(f"unknown import format {format!r}; known: {sorted(FORMATS)}")
     module = importlib.import_module(f".{FORMATS[format]}", __package__)
     return module.load(src, dst, **options)
+
+
+def import_report(
+    format: str, src: Any, dst: str | None = None, *, dry_run: bool = False, on_reject: str = "skip", **options: Any
+) -> ImportReport:
+    """Import like :func:`import_dataset`, judged by the new dataset's quality gate as it goes, and report.
+
+    See :mod:`episodelake.importers.report`: rejected episodes are left out and counted (``on_reject="skip"``)
+    or end the import (``"raise"``); ``dry_run=True`` converts and validates everything and writes nothing.
+    Returns the :class:`~episodelake.importers.report.ImportReport` (its ``dataset`` None on a dry run).
+    """
+    report = ImportReport(format, str(src), None if dry_run else dst, dry_run=dry_run, on_reject=on_reject)
+    report.bytes_in = path_bytes(src)
+    token = ACTIVE.set(report)
+    try:
+        ds = import_dataset(format, src, None if dry_run else dst, **options)
+    finally:
+        ACTIVE.reset(token)
+    if not dry_run:
+        report.dataset = ds
+        report.destination = ds.location.url
+    return report
 
 
 def fields_from_arrays(arrays: Mapping[str, np.ndarray], role: str, per_step: bool = True) -> list[FieldSpec]:
@@ -57,6 +81,9 @@ def write_import(
     :mod:`episodelake.bulk`), so an import costs a few commits, not one per
     handful of episodes.
     """
+    report = ACTIVE.get()
+    if report is not None:
+        return _reported_import(report, schema, episodes, dst, info, total, desc, progress, create_options)
     ds = Dataset.create(schema, dst, info=info, **create_options)
     try:
         ds.append_episodes(track(episodes, total, desc, progress, unit="episode"))
@@ -65,6 +92,37 @@ def write_import(
         ds.flush(discard=True)  # pending episodes must not be committed later (atexit flush)
         ds.location.fs.rm(ds.location.path, recursive=True)
         raise
+    return ds
+
+
+def _reported_import(
+    report: ImportReport,
+    schema: DatasetSchema,
+    episodes: Iterable[Mapping[str, Any]],
+    dst: str | None,
+    info: Mapping[str, Any],
+    total: int | None,
+    desc: str,
+    progress: bool | None,
+    create_options: Mapping[str, Any],
+) -> Dataset:
+    """:func:`write_import` under :func:`import_report`: gated chunk by chunk, counted; a dry run writes nothing."""
+    started = time.perf_counter()
+    tracked = track(episodes, total, desc, progress, unit="episode")
+    if report.dry_run:
+        gated_write(None, schema, tracked, report)
+        ds = Dataset.create(schema, None, info=info)  # empty, in memory: what the caller gets
+        finish(report, info, None, started)
+        return ds
+    ds = Dataset.create(schema, dst, info=info, **create_options)
+    try:
+        gated_write(ds, schema, tracked, report)
+        ds.flush()
+    except BaseException:
+        ds.flush(discard=True)
+        ds.location.fs.rm(ds.location.path, recursive=True)
+        raise
+    finish(report, info, ds, started)
     return ds
 
 

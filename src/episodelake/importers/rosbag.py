@@ -37,7 +37,7 @@ time (``time="log"`` uses receive time for every topic).
 
 **Episodes.** ``split="bag"`` (default): one episode per bag.
 ``split="/topic"``: every message on that topic starts an episode (messages
-before the first are not imported; the count is in ``info["source"]``).
+before the first are not imported; ``import_report`` counts them).
 ``split="/topic:PATH==VALUE"`` (or ``(topic, predicate)`` in Python): a
 message on that topic whose ``PATH`` equals ``VALUE`` (compared as a number
 when it parses as one) starts an episode.
@@ -78,6 +78,7 @@ from ..core.errors import ArgumentError, MissingDependencyError, ValidationError
 from ..core.schema import DatasetSchema, FieldSpec
 from ..dataset import Dataset
 from .common import SOURCE_EPISODE, action_out_episode, write_import
+from .report import ACTIVE
 
 IMAGE, COMPRESSED, JOINTS, TWIST, TWIST_STAMPED = (
     "sensor_msgs/msg/Image",
@@ -191,7 +192,7 @@ def load(
         raise ArgumentError(f"rosbag: time={time!r}; use 'header' or 'log'")
     bags = [Path(os.fspath(src))] if isinstance(src, (str, os.PathLike)) else [Path(os.fspath(s)) for s in src]
     splitter = _splitter(split)
-    stats: dict[str, Any] = {"bags": len(bags), "messages": 0, "before_first_episode": 0}
+    stats: dict[str, Any] = {"messages": 0}
     episodes = _episodes(bags, maps, rate, clock, splitter, method, tolerance, on_gap, time, stats)
     first = next(episodes, None)
     if first is None:
@@ -202,7 +203,6 @@ def load(
             "format": "rosbag",
             "bags": [str(b) for b in bags],
             "topics": {m.label: k for m, k in zip(maps, keys, strict=True)},
-            "stats": stats,
         }
     }
 
@@ -402,9 +402,10 @@ def _bounds(series: dict[str, Series], starts: list[int], split: bool, stats: di
     if not split:
         return [(-(2**62), 2**62)]
     starts = sorted(set(starts))
-    stats["before_first_episode"] += sum(
-        sum(1 for t in s.times if not starts or t < starts[0]) for s in series.values()
-    )
+    report = ACTIVE.get()
+    if report is not None:
+        before = sum(sum(1 for t in s.times if not starts or t < starts[0]) for s in series.values())
+        report.skip("messages before the first episode start", before)
     return [(a, b) for a, b in zip(starts, [*starts[1:], max(end, starts[-1] + 1)], strict=True)] if starts else []
 
 
