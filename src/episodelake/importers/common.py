@@ -43,7 +43,9 @@ def import_report(
     or end the import (``"raise"``); ``dry_run=True`` converts and validates everything and writes nothing.
     Returns the :class:`~episodelake.importers.report.ImportReport` (its ``dataset`` None on a dry run).
     """
-    report = ImportReport(format, str(src), None if dry_run else dst, dry_run=dry_run, on_reject=on_reject)
+    many = isinstance(src, (list, tuple)) and len(src) > 1
+    source = f"{src[0]} (and {len(src) - 1} more)" if many else str(src[0] if isinstance(src, (list, tuple)) and src else src)
+    report = ImportReport(format, source, None if dry_run else dst, dry_run=dry_run, on_reject=on_reject)
     report.bytes_in = path_bytes(src)
     token = ACTIVE.set(report)
     try:
