@@ -30,6 +30,9 @@ from .scripts import trainer_resume as script
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "tests" / "scripts" / "trainer_resume.py"
 K, N = 3, 5
+# the default suite runs these (about 20 s of CPU); the others run with the slow tests
+FAST = ["segments", "stream", "mixed", "grain"]
+SLOW = [case for case in script.CASES if case not in FAST]
 
 
 def run(*args: str) -> None:
@@ -64,24 +67,29 @@ def check_against_raw(batch: dict[str, np.ndarray], raws: dict[int, object]) -> 
         np.testing.assert_array_equal(batch["mask"][j], want["mask"])
 
 
-@pytest.fixture(scope="module")
-def resumed(tmp_path_factory):
+@pytest.fixture(scope="module", params=["fast", pytest.param("slow", marks=pytest.mark.slow)])
+def resumed(request, tmp_path_factory):
     import episodelake as el
 
+    cases = FAST if request.param == "fast" else SLOW
     root = tmp_path_factory.mktemp("trainer_resume")
     raws = {}
     for name, seed, episodes in (("a", 0, 24), ("b", 1, 10)):
         eps = build_robot_dataset(str(root / name), seed, episodes, 8, max_length=30)
         ids = sorted(ep.episode_id for ep in el.Dataset.open(str(root / name)).episodes())
         raws.update(zip(ids, eps, strict=True))  # one writer: ids grow in append order
-    run("stop", str(root), str(K), str(N))
-    run("resume", str(root), str(N))
-    return root, raws
+    run("stop", str(root), str(K), str(N), ",".join(cases))
+    run("resume", str(root), str(N), ",".join(cases))
+    return root, raws, cases
 
 
-@pytest.mark.parametrize("case", list(script.CASES))
-def test_resume_in_a_new_process_yields_the_uninterrupted_batches(resumed, case):
-    root, raws = resumed
+def test_resume_in_a_new_process_yields_the_uninterrupted_batches(resumed):
+    root, raws, cases = resumed
+    for case in cases:
+        check_case(root, raws, case)
+
+
+def check_case(root: Path, raws: dict, case: str) -> None:
     full = batches(root / f"{case}.full.npz")
     again = batches(root / f"{case}.resumed.npz")
     assert len(full) == K + N and len(again) == N
@@ -99,6 +107,8 @@ def test_resume_in_a_new_process_yields_the_uninterrupted_batches(resumed, case)
 
 
 def test_mixed_case_draws_both_sources(resumed):
-    root, _ = resumed
+    root, _, cases = resumed
+    if "mixed" not in cases:
+        pytest.skip("the mixed case runs with the fast cases")
     mixed = np.concatenate([b["source"] for b in batches(root / "mixed.full.npz")])
     assert set(mixed.tolist()) == {0, 1}

@@ -1,14 +1,15 @@
 """Stop a trainer's loader after K batches, save its state, resume it in a new process (tests/test_trainer_resume.py).
 
-``python tests/scripts/trainer_resume.py stop ROOT K N``: for every case of
+``python tests/scripts/trainer_resume.py stop ROOT K N [CASES]``: for every case of
 :data:`CASES`, runs the uninterrupted loader for ``K + N`` batches
 (``ROOT/<case>.full.npz``), then a fresh loader for ``K`` batches and saves
 its state (``ROOT/<case>.state.pt``, ``torch.save``) and nothing else.
 
-``python tests/scripts/trainer_resume.py resume ROOT N``: for every case,
+``python tests/scripts/trainer_resume.py resume ROOT N [CASES]``: for every case,
 builds the loader again from the datasets under ``ROOT``, loads the saved
 state and writes its next ``N`` batches to ``ROOT/<case>.resumed.npz``.
 
+``CASES``: comma-separated case names (default: all).
 Batches are written as ``<i>/<key>`` arrays: every buffer of the batch.
 """
 
@@ -101,7 +102,9 @@ def grain_state(it: Any) -> Any:
 
 def main(argv: list[str]) -> None:
     mode, root = argv[0], Path(argv[1])
-    for case, make in CASES.items():
+    wanted = argv[4 if mode == "stop" else 3].split(",") if len(argv) > (4 if mode == "stop" else 3) else list(CASES)
+    for case in wanted:
+        make = CASES[case]
         if mode == "stop":
             k, n = int(argv[2]), int(argv[3])
             save(root / f"{case}.full.npz", take(iter(make(root)), k + n))

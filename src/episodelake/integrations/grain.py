@@ -65,11 +65,11 @@ class GrainSource:
     def __getitem__(self, i: int) -> dict[str, np.ndarray]:
         if isinstance(i, bool) or not isinstance(i, int | np.integer):
             raise TypeError(f"segment index must be an int, got {type(i).__name__}")
-        return {k: v[0] for k, v in self.read_batch([int(i)]).items()}
+        return {k: v[0, ...] for k, v in self.read_batch([int(i)]).items()}
 
     def _getitems(self, ids: Sequence[int]) -> list[dict[str, np.ndarray]]:
         batch = self.read_batch(ids)
-        return [{k: v[j] for k, v in batch.items()} for j in range(len(ids))]
+        return [{k: v[j, ...] for k, v in batch.items()} for j in range(len(ids))]  # 0-d arrays, not scalars
 
     __getitems__ = _getitems
 
