@@ -202,6 +202,8 @@ def test_import_matches_the_numpy_alignment_of_the_written_messages(tmp_path, ki
     for part, row in (("position", 0), ("velocity", 1), ("effort", 2)):
         np.testing.assert_array_equal(data["observation/joints/" + part], want["/joint_states"][0][: n - 1, row])
     np.testing.assert_array_equal(data["observation/camera"], want["/camera/compressed"][0][: n - 1])
+    np.testing.assert_array_equal(data.all_obs["camera"], want["/camera/compressed"][0])  # all n ticks
+    np.testing.assert_allclose(data.all_obs["sync/camera"], want["/camera/compressed"][1], atol=1e-12)
     np.testing.assert_array_equal(data["observation/raw"], want["/camera/raw"][0][: n - 1])
     np.testing.assert_array_equal(data["observation/odom_x"], want["/odom_x"][0][: n - 1])
     np.testing.assert_array_equal(data["action"], want["/cmd_vel"][0][: n - 1])
@@ -251,6 +253,24 @@ def test_split_by_a_message_condition_and_gaps(tmp_path):
     )
     sync = ds.sql('SELECT "observation/sync/camera" AS s FROM steps').fetchnumpy()["s"]
     assert np.isinf(sync).any() and (sync[np.isfinite(sync)] <= 0.02).all()
+
+
+def test_clock_topic_ticks_at_each_command(tmp_path):
+    """clock='/cmd_vel': one tick per command, so the action's alignment error is 0 and the rest follow it."""
+    rng = np.random.default_rng(11)
+    msgs = make_messages(rng, seconds=1.5)
+    bag = write_bag(tmp_path / "bag", "sqlite3", msgs)
+    ds = el.importers.import_dataset("rosbag", bag, None, topics=TOPICS, clock="/cmd_vel", progress=False)
+    t0 = max(min(t for t, _ in items) for items in msgs.values())  # every topic has spoken ...
+    t1 = min(max(t for t, _ in items) for items in msgs.values())  # ... until the first one stops
+    ticks = np.array(sorted(t for t, _ in msgs["/cmd_vel"] if t0 <= t <= t1))
+    data = next(iter(ds.episodes())).read()
+    want, err = ref_align(
+        [t for t, _ in msgs["/joint_states"]], [v for _, v in msgs["/joint_states"]], ticks, "nearest"
+    )
+    np.testing.assert_array_equal(data.all_obs["joints/velocity"], want[:, 1])
+    np.testing.assert_allclose(data.all_obs["sync/joints"], err, atol=1e-12)
+    assert (data["extra/sync/action"] == 0).all()
 
 
 def test_bad_input_names_topic_and_field(tmp_path):

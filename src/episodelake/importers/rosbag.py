@@ -45,7 +45,7 @@ when it parses as one) starts an episode.
 **Clock.** ``rate=HZ``: ticks every ``1/HZ`` s from the moment every mapped
 topic has a sample in the episode to the moment the first of them stops
 (the last first sample to the first last sample), or ``clock="/topic"``:
-one tick per message on that topic. Every field is aligned to the ticks by
+one tick per message on that topic inside that same window. Every field is aligned to the ticks by
 :func:`episodelake.align` with ``method`` (default ``"latest"`` for images
 and ``"nearest"`` otherwise; a string or a mapping key -> method),
 ``tolerance`` (seconds; a number or a mapping key -> seconds) and
@@ -431,12 +431,12 @@ def _episode(
             raise ValidationError(f"rosbag: {where}: topic {m.label!r} has no message in the episode")
         picked[m.label] = inside
     t0 = max(int(np.asarray(series[m.label].times)[picked[m.label]].min()) for m in maps)
+    t1 = min(int(np.asarray(series[m.label].times)[picked[m.label]].max()) for m in maps)
     if rate is not None:
-        t1 = min(int(np.asarray(series[m.label].times)[picked[m.label]].max()) for m in maps)
         ticks_ns = t0 + np.round(np.arange(0, max(t1 - t0, -1) + 1, NS / rate)).astype(np.int64)
     else:
         ct = np.unique(np.asarray(clock_times, np.int64))
-        ticks_ns = ct[(ct >= lo) & (ct < hi)]
+        ticks_ns = ct[(ct >= max(lo, t0)) & (ct < hi) & (ct <= t1)]
     if len(ticks_ns) < 2:
         raise ValidationError(f"rosbag: {where}: the control clock has {len(ticks_ns)} tick(s) in the episode; need 2")
     base = int(ticks_ns[0])
