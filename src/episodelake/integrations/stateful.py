@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
 from ..core.errors import ArgumentError
@@ -50,7 +51,9 @@ class StreamDataset(IterableDataset):
     taken for another shard raises ArgumentError. With replacement
     (``el.Uniform()``, ``el.Weighted``, ``el.Prioritized``, ``el.concat``
     mixing) the stream is infinite; finite passes end the loader's epoch when
-    every worker's share is done (resume exact within the pass).
+    every worker's share is done (resume exact within the pass). Each
+    ``iter(loader)`` rebuilds the streams: call :meth:`set_epoch` before each
+    loader epoch so epochs differ.
     """
 
     def __init__(
@@ -71,12 +74,33 @@ class StreamDataset(IterableDataset):
         self.collection, self.window, self.convert = collection, window, convert
         self.rank, self.world = rank, world
         self.stream_args = stream_args
+        self.epoch = 0
         self._stream: Any = None
         self._pending: dict[str, Any] | None = None
         # built once here: the arguments are checked in this process, and the collection's snapshot and index
         # columns are read before workers fork (deltalake's runtime cannot be used in a forked child)
         probe = collection.segment_stream(window, shard=(rank, world), **{**stream_args, "prefetch": 0})
         probe.close()
+
+    def set_epoch(self, epoch: int) -> None:
+        """Draw epoch ``epoch``'s sequence (as ``DistributedSampler.set_epoch``): call it before each loader epoch.
+
+        Every ``iter(loader)`` builds the workers' streams afresh, so without it
+        each loader epoch repeats the first one's batches. Epoch 0 is the stream
+        of ``seed`` itself; epoch ``e > 0`` uses a seed derived from ``(seed, e)``
+        (a stream without ``seed`` draws fresh entropy anyway). Before resuming,
+        call it with the checkpoint's epoch, then ``load_state_dict``.
+        """
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ArgumentError(f"epoch must be an int >= 0, got {epoch!r}")
+        self.epoch = epoch
+
+    def _args(self) -> dict[str, Any]:
+        args = dict(self.stream_args)
+        seed = args.get("seed")
+        if self.epoch and seed is not None:
+            args["seed"] = int(np.random.SeedSequence([int(seed), self.epoch]).generate_state(1, np.uint64)[0] >> 1)
+        return args
 
     def _shard(self) -> tuple[int, int]:
         info = get_worker_info()
@@ -87,11 +111,13 @@ class StreamDataset(IterableDataset):
         rank, world = self._shard()
         if self._stream is not None:
             self._stream.close()
-        self._stream = self.collection.segment_stream(self.window, shard=(rank, world), **self.stream_args)
+        self._stream = self.collection.segment_stream(self.window, shard=(rank, world), **self._args())
         pending, self._pending = self._pending, None
         if pending is not None and pending["stream"] is not None:
             if tuple(pending["shard"]) != (rank, world):
                 raise ArgumentError(f"state_dict: taken for shard {tuple(pending['shard'])}, this is {(rank, world)}")
+            if pending.get("epoch", 0) != self.epoch:
+                raise ArgumentError(f"state_dict: taken in epoch {pending.get('epoch', 0)}; call set_epoch() first")
             self._stream.load_state_dict(pending["stream"])
         return self._batches(self._stream)
 
@@ -102,8 +128,18 @@ class StreamDataset(IterableDataset):
     def state_dict(self) -> dict[str, Any]:
         """This worker's resume point: its stream's state after the last batch returned (plain values)."""
         if self._stream is None:
-            return self._pending or {"format": STATE_FORMAT, "shard": list(self._shard()), "stream": None}
-        return {"format": STATE_FORMAT, "shard": list(self._shard()), "stream": self._stream.state_dict()}
+            return self._pending or {
+                "format": STATE_FORMAT,
+                "shard": list(self._shard()),
+                "epoch": self.epoch,
+                "stream": None,
+            }
+        return {
+            "format": STATE_FORMAT,
+            "shard": list(self._shard()),
+            "epoch": self.epoch,
+            "stream": self._stream.state_dict(),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from ``state`` at the next ``iter()`` (the loader restores it before iterating)."""
