@@ -273,6 +273,23 @@ def test_clock_topic_ticks_at_each_command(tmp_path):
     assert (data["extra/sync/action"] == 0).all()
 
 
+def test_max_sync_quarantines_the_bag_whose_camera_dropped_frames(tmp_path):
+    rng = np.random.default_rng(13)
+    msgs = make_messages(rng, seconds=2.0)
+    dropped = {**msgs, "/camera/compressed": [(t, v) for t, v in msgs["/camera/compressed"] if not 0.8e9 <= t < 1.4e9]}
+    bags = [write_bag(tmp_path / "good", "mcap", msgs), write_bag(tmp_path / "dropped", "mcap", dropped)]
+    report = el.importers.import_report(
+        "rosbag", bags, str(tmp_path / "ds"), topics=TOPICS, rate=10.0, on_gap="mask",
+        tolerance={"observation/camera": 0.25}, max_sync={"observation/camera": 0.15}, progress=False,
+    )  # fmt: skip
+    ds = report.dataset
+    assert [e.meta["source_bag"] for e in ds.episodes()] == [str(bags[0])]
+    (held,) = ds.quality.quarantine().episodes()
+    assert held.meta["source_bag"] == str(bags[1]) and report.quarantined == 1
+    failed = ds.quality.quarantine().sql("SELECT checks_failed FROM episodes").fetchall()
+    assert failed == [(["observation/sync/camera: max"],)]
+
+
 def test_bad_input_names_topic_and_field(tmp_path):
     rng = np.random.default_rng(1)
     bag = write_bag(tmp_path / "bag", "sqlite3", make_messages(rng, seconds=1.0))
@@ -293,26 +310,11 @@ def test_cli_import_rosbag(tmp_path):
     bag = write_bag(tmp_path / "bag", "mcap", msgs)
     dst = tmp_path / "ds"
     topics = [f"--topic={spec}={key}" for spec, key in TOPICS.items()]
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "episodelake.cli",
-            "import",
-            "rosbag",
-            str(bag),
-            str(dst),
-            *topics,
-            "--rate",
-            "10",
-            "--quiet",
-        ],
-        capture_output=True,
-        text=True,
-    )
+    cmd = ["import", "rosbag", str(bag), str(dst), *topics, "--rate", "10", "--quiet", "--max-sync", "0.001"]
+    run = subprocess.run([sys.executable, "-m", "episodelake.cli", *cmd], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
-    assert "imported 1 episodes" in run.stdout
-    ds = el.Dataset.open(str(dst))
+    assert "imported 1 episodes" in run.stdout and "quarantined: 1" in run.stdout  # no sync within 1 ms
+    ds = el.Dataset.open(str(dst)).quality.quarantine()
     ticks, want = expected(msgs, 10.0)
     (ep,) = list(ds.episodes())
     np.testing.assert_array_equal(

@@ -90,7 +90,7 @@ _IMPORT_OPTIONS = {
     "memmap-replay": {"strict", *_MEMMAP_ROLES},
     "episodata": set(),
     "lerobot": set(),
-    "rosbag": {"topics", "rate", "clock", "split", "method", "tolerance", "on_gap", "time"},
+    "rosbag": {"topics", "rate", "clock", "split", "method", "tolerance", "on_gap", "time", "max_sync", "sync_on_fail"},
 }
 
 
@@ -111,7 +111,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     for name in ("rewards", "terminated", "truncated"):
         if getattr(args, name) is not None:
             options[name] = getattr(args, name)
-    for name in ("rate", "clock", "split", "method", "tolerance", "on_gap", "time"):
+    for name in ("rate", "clock", "split", "method", "tolerance", "on_gap", "time", "max_sync", "sync_on_fail"):
         if getattr(args, name, None) is not None:
             options[name] = getattr(args, name)
     if args.topic:
@@ -590,6 +590,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tolerance", type=float, default=None, help="rosbag: largest alignment error, seconds")
     p.add_argument("--on-gap", choices=["raise", "mask"], default=None, help="rosbag: a gap beyond the tolerance")
     p.add_argument("--time", choices=["header", "log"], default=None, help="rosbag: header stamps or receive time")
+    p.add_argument("--max-sync", type=float, default=None, help="rosbag: largest alignment error a step may have, s")
+    p.add_argument(
+        "--sync-on-fail", choices=["quarantine", "reject", "warn"], default=None, help="rosbag: beyond --max-sync"
+    )
     p.add_argument("--dry-run", action="store_true", help="read, convert and validate everything; write nothing")
     p.add_argument(
         "--check", type=_check_arg, action="append", help="a quality check NAME=PREDICATE the new dataset keeps"

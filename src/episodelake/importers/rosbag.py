@@ -52,7 +52,11 @@ and ``"nearest"`` otherwise; a string or a mapping key -> method),
 ``on_gap``. Each topic's alignment error is stored as its own step column,
 ``<role>/sync/<name>`` (observations: ``observation/sync/<name>``; actions:
 ``extra/sync/<name>``), float64 seconds, ``inf`` on a masked gap: gate it
-with ``FieldSpec(max=...)`` or an ``el.Check`` over ``steps``.
+with ``FieldSpec(max=...)`` or an ``el.Check`` over ``steps``. ``max_sync=SECONDS``
+(or a mapping field key -> seconds) declares that gate on the sync columns:
+an episode with a step beyond it is quarantined (``sync_on_fail``:
+``"quarantine"``, ``"reject"`` or ``"warn"``), e.g. one whose camera dropped
+frames, with ``on_gap="mask"`` for gaps (their error is ``inf``).
 
 **Rows.** ``n`` ticks are ``n`` observations and ``n`` commands, action-out
 (:func:`episodelake.importers.common.action_out_episode`): the last
@@ -159,6 +163,8 @@ def load(
     on_gap: str = "raise",
     time: str = "header",
     camera_options: Mapping[str, Any] | None = None,
+    max_sync: float | Mapping[str, float] | None = None,
+    sync_on_fail: str = "quarantine",
     progress: bool | None = None,
     **create_options: Any,
 ) -> Dataset:
@@ -197,7 +203,7 @@ def load(
     first = next(episodes, None)
     if first is None:
         raise ValidationError(f"rosbag: {[str(b) for b in bags]}: no episode to import")
-    schema = _schema(first, maps, camera_options or {})
+    schema = _schema(first, maps, camera_options or {}, max_sync, sync_on_fail)
     info = {
         "source": {
             "format": "rosbag",
@@ -511,13 +517,30 @@ def _episode(
     return episode
 
 
-def _schema(first: Mapping[str, Any], maps: list[TopicMap], camera_options: Mapping[str, Any]) -> DatasetSchema:
+def _owner(role: str) -> str:
+    """The role of the field a sync column measures: actions' sync columns are extras."""
+    return "action" if role == "extra" else role
+
+
+def _schema(
+    first: Mapping[str, Any],
+    maps: list[TopicMap],
+    camera_options: Mapping[str, Any],
+    max_sync: float | Mapping[str, float] | None,
+    sync_on_fail: str,
+) -> DatasetSchema:
     """The schema the first episode spells; images become HWC camera fields with ``camera_options``."""
     fields: list[FieldSpec] = []
     for plural, role in (("observations", "observation"), ("actions", "action"), ("extras", "extra")):
         for name, arr in first.get(plural, {}).items():
             image = arr.ndim == 4 and not name.startswith("sync/")
             opts: dict[str, Any] = {"layout": "HWC", **camera_options} if image else {}
+            if name.startswith("sync/") and max_sync is not None:
+                owner, measured = _owner(role), name[len("sync/") :]
+                key = owner if measured == owner else f"{owner}/{measured}"  # the measured field's key
+                limit = max_sync.get(key) if isinstance(max_sync, Mapping) else max_sync
+                if limit is not None:
+                    opts = {"max": float(limit), "on_fail": sync_on_fail}
             fields.append(FieldSpec(name, tuple(arr.shape[1:]), arr.dtype, role=role, **opts))
     fields.append(FieldSpec("reward", (), "float32", role="reward"))
     fields += [SOURCE_BAG, SOURCE_EPISODE, START_TIME]
