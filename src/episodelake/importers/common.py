@@ -13,7 +13,7 @@ from ..core.errors import ArgumentError, ValidationError
 from ..core.progress import track
 from ..core.schema import DatasetSchema, FieldSpec
 from ..dataset import Dataset
-from .report import ACTIVE, ImportReport, finish, gated_write, path_bytes
+from .report import ACTIVE, ImportReport, finish, gated_write, path_bytes, source_name
 
 FORMATS = {
     "minari": "minari",
@@ -43,9 +43,7 @@ def import_report(
     or end the import (``"raise"``); ``dry_run=True`` converts and validates everything and writes nothing.
     Returns the :class:`~episodelake.importers.report.ImportReport` (its ``dataset`` None on a dry run).
     """
-    many = isinstance(src, (list, tuple)) and len(src) > 1
-    source = f"{src[0]} (and {len(src) - 1} more)" if many else str(src[0] if isinstance(src, (list, tuple)) and src else src)
-    report = ImportReport(format, source, None if dry_run else dst, dry_run=dry_run, on_reject=on_reject)
+    report = ImportReport(format, source_name(src), None if dry_run else dst, dry_run=dry_run, on_reject=on_reject)
     report.bytes_in = path_bytes(src)
     token = ACTIVE.set(report)
     try:

@@ -112,6 +112,13 @@ def _size(n: int) -> str:
     return str(n)  # pragma: no cover
 
 
+def source_name(src: Any) -> str:
+    """How a report names its source: the path, or a list's first entry and how many more."""
+    if isinstance(src, (list, tuple)) and src:
+        return str(src[0]) + (f" (and {len(src) - 1} more)" if len(src) > 1 else "")
+    return str(src)
+
+
 def path_bytes(src: Any) -> int | None:
     """Bytes of the files at a local path (a file, or a folder recursively); None for anything else."""
     if isinstance(src, (list, tuple)):
