@@ -8,14 +8,17 @@ client never hears of it). ``match`` limits faults to requests whose request
 line contains it (e.g. ``"_delta_log"``). :meth:`FaultProxy.set_down` stops
 listening and cuts every open connection (a client then gets "connection
 refused", as from a dead server); ``set_down(False)`` listens on the same
-port again. Choices come from a seeded RNG; :attr:`FaultProxy.injected`
-counts the faults injected, by kind.
+port again. :meth:`FaultProxy.fail_next` injects one fault into the next
+request whose request line holds every given piece (e.g. ``"PUT"`` and
+``"_delta_log/0"``: a commit's log entry). Choices come from a seeded RNG;
+:attr:`FaultProxy.injected` counts the faults injected, by kind.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
+import threading
 from collections import Counter
 
 from .latency_proxy import LatencyProxy
@@ -38,8 +41,28 @@ class FaultProxy(LatencyProxy):
         self.slow_down, self.drop, self.lose, self.match = slow_down, drop, lose, match.encode()
         self.injected: Counter[str] = Counter()
         self._rng = random.Random(seed)
+        self._next: list[tuple[str, tuple[bytes, ...]]] = []
+        self.went_down = threading.Event()
+
+    async def lost_then_down(self) -> None:
+        await self._set_down(True)
+        self.went_down.set()
+
+    def fail_next(self, kind: str, *pieces: str) -> None:
+        """Inject ``kind`` into the next request whose line holds every piece: ``"503"``, ``"drop"``, ``"lose"``,
+        or ``"lose-down"`` (forwarded, its reply lost, and the endpoint goes down as the reply arrives: the
+        request's effect happened, the client hears nothing, and its retries are refused; :attr:`went_down`
+        is set then)."""
+        with self._lock:
+            self._next.append((kind, tuple(p.encode() for p in pieces)))
 
     def on_request(self, request_line: bytes, head: bytes) -> str | None:
+        with self._lock:
+            for i, (kind, pieces) in enumerate(self._next):
+                if all(p in request_line for p in pieces):
+                    del self._next[i]
+                    self.injected[kind] += 1
+                    return kind
         if self.match and self.match not in request_line:
             return None
         with self._lock:

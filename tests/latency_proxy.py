@@ -87,6 +87,9 @@ class LatencyProxy:
         ``"lose"`` (forward it, then close the connection instead of passing the reply on)."""
         return None
 
+    async def lost_then_down(self) -> None:
+        """A ``"lose-down"`` request's reply was lost: subclasses (``FaultProxy``) stop the endpoint here."""
+
     async def _read_body(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, head: bytes) -> bytes:
         """The request body: ``Content-Length`` bytes, or a ``Transfer-Encoding: chunked`` body as sent.
 
@@ -117,7 +120,7 @@ class LatencyProxy:
         except OSError:
             writer.close()
             return
-        state = {"lose": False}
+        state = {"lose": False, "down": False}
         self._conns.add(writer)
         down = asyncio.ensure_future(self._pipe_down(up_reader, writer, state))
         try:
@@ -141,7 +144,8 @@ class LatencyProxy:
                     continue
                 if action == "drop":
                     break
-                state["lose"] = action == "lose"
+                state["lose"] = action in ("lose", "lose-down")
+                state["down"] = action == "lose-down"
                 wait = arrived + self.delay_s - self._loop.time()
                 if wait > 0:
                     await asyncio.sleep(wait)
@@ -161,6 +165,8 @@ class LatencyProxy:
         try:
             while data := await up_reader.read(1 << 16):
                 if state["lose"]:  # the upstream answered; the client never sees it
+                    if state["down"]:
+                        await self.lost_then_down()
                     break
                 with self._lock:
                     self.bytes_down += len(data)

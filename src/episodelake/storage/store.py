@@ -336,22 +336,31 @@ class Store:
             return FrameArray(self.location, writer, field, self.context, commit)
         return TensorArray.open(self.location, writer, field, self.context, read_only=read_only, commit=commit)
 
-    def append(self, rows: pa.Table) -> int:
+    def append(self, rows: pa.Table, token: str | None = None) -> int:
         """Commit ``rows`` (call :meth:`committed` afterwards); with a capacity, evicting in the same commit.
 
         Rows of the schema before a schema edit that landed meanwhile (another
         process's) raise :class:`SchemaError` naming the version, and this
-        store moves to the new schema.
+        store moves to the new schema. ``token``: the commit's token in the log
+        (:meth:`EpisodeTable.find_commit`).
         """
         evictor = self._evictor
         try:
             if evictor is None:
-                return self.table.append(rows, self._recorded)
+                return self.table.append(rows, self._recorded, token=token)
             plan = evictor.plan
-            return self.table.commit(lambda: plan(self.table, rows), landed=evictor.committed, stamp=self._recorded)
+            return self.table.commit(
+                lambda: plan(self.table, rows), landed=evictor.committed, stamp=self._recorded, token=token
+            )
         except Exception:
-            self.table.refresh()
-            self.load_schema()
+            try:
+                self.table.refresh()
+                self.load_schema()
+                read = True
+            except Exception:
+                read = False  # the log cannot be read either (an outage): the commit's own error tells
+            if not read:
+                raise
             if rows.schema.names != arrow_schema(self.schema).names:
                 raise SchemaError(
                     f"dataset {self.location.url}: its schema was edited (version {self.version}) after these "

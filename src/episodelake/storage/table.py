@@ -221,14 +221,16 @@ class EpisodeTable:
                 f"{len(rows)} episode(s) were recorded; they were not committed: reopen the dataset to write"
             )
 
-    def append(self, rows: pa.Table, stamp: bytes | None = UNCHECKED) -> int:
+    def append(self, rows: pa.Table, stamp: bytes | None = UNCHECKED, token: str | None = None) -> int:
         """Append ``rows`` in one commit (retrying conflicts); return the new version.
 
         ``stamp``: the :meth:`schema_stamp` the rows were built under; a
         schema edit that lands first makes the commit conflict, and its retry
         raises :class:`SchemaError` (:data:`UNCHECKED`: not checked).
+        ``token``: the commit's token (:meth:`find_commit` finds it in the log;
+        default: one derived from the rows' episode ids).
         """
-        token = _rows_token(rows)
+        token = token or rows_token(rows)
         tries = [0]
 
         def attempt() -> None:
@@ -249,6 +251,7 @@ class EpisodeTable:
         operation: str | None = None,
         stamp: bytes | None = UNCHECKED,
         span: bool = False,
+        token: str | None = None,
     ) -> int:
         """One commit that adds rows and removes episodes by id, as ``plan()`` says at the latest version.
 
@@ -263,18 +266,18 @@ class EpisodeTable:
         episode whose id lies between the smallest and largest id removed or
         added (``plan`` returns those of that range that stay, unchanged):
         deltalake evaluates that range far faster than a long ``IN`` list
-        (measured 20x at 10,000 ids).
+        (measured 20x at 10,000 ids). ``token``: as for :meth:`append`.
         """
-        token: list[str | None] = [None]
+        current: list[str | None] = [token]
 
         def attempt() -> None:
             self.dt.update_incremental()
             rows, remove = plan()
             rows = _fitted(self.dt, rows)
             self._check_stamp(stamp, rows)
-            token[0] = _rows_token(rows) if len(rows) else token[0] or uuid.uuid4().hex
+            current[0] = token or (rows_token(rows) if len(rows) else current[0] or uuid.uuid4().hex)
             if not len(remove):
-                props = _props("APPEND", token[0], len(rows), 0)
+                props = _props("APPEND", current[0], len(rows), 0)
                 merge = _merged(self.dt, rows)
                 write_deltalake(self.dt, rows, mode="append", schema_mode=merge, commit_properties=props)
                 return
@@ -282,7 +285,7 @@ class EpisodeTable:
             # commit that adds ``rows``. deltalake requires the added rows to match the predicate.
             ids = [int(i) for i in [*remove, *rows["episode_id"].to_pylist()]]
             name = operation or ("EVICT" if len(rows) else "DELETE")
-            props = _props(name, token[0], len(rows), len(remove))
+            props = _props(name, current[0], len(rows), len(remove))
             if span:
                 predicate = f"episode_id >= {min(ids)} AND episode_id <= {max(ids)}"
             else:
@@ -292,7 +295,7 @@ class EpisodeTable:
                 self.dt, rows, mode="overwrite", predicate=predicate, schema_mode=merge, commit_properties=props
             )
 
-        return self._commit(attempt, landed, token=lambda: token[0])
+        return self._commit(attempt, landed, token=lambda: current[0])
 
     def rewrite(self, plan: Callable[[], pa.Table], operation: str) -> int:
         """Replace every row and the table schema by ``plan()``'s, planned at the latest version, in one commit.
@@ -393,7 +396,10 @@ class EpisodeTable:
             else:
                 # No lock file on object stores, and concurrent compactions would duplicate
                 # rows: writers only checkpoint (idempotent); ds.maintenance.compact() is explicit there.
-                self.dt.create_checkpoint()
+                try:
+                    self.dt.create_checkpoint()
+                except Exception:  # the commit landed; a checkpoint only speeds reads: the next commit tries again
+                    return self.version
                 self._commits_since_compact = 0
         return self.version
 
@@ -405,6 +411,12 @@ class EpisodeTable:
         except Exception:
             return False
         return self.version > before
+
+    def find_commit(self, token: str, since: int) -> bool:
+        """Whether a commit after version ``since`` carries ``token``: the answer for a commit whose outcome a
+        storage fault left unknown (its reply lost). Moves the handle to the latest version; a log that cannot
+        be read (after one more try) raises :class:`StorageError` and the answer stays unknown."""
+        return self._landed(token, since)
 
     def _landed(self, token: str | None, since: int) -> bool:
         """Whether a commit after version ``since`` carries ``token`` (moves the handle to the latest version).
@@ -419,8 +431,7 @@ class EpisodeTable:
         for n in range(LOG_READ_TRIES):
             try:
                 self.dt.update_incremental()
-                newer = self.version - since
-                return newer > 0 and any(h.get(TOKEN_KEY) == token for h in self.dt.history(limit=newer))
+                return any(self._carries(v, token) for v in range(self.version, since, -1))
             except Exception as exc:
                 if n < LOG_READ_TRIES - 1:
                     time.sleep(delay)  # a transient fault: read the log again
@@ -429,6 +440,22 @@ class EpisodeTable:
                 self._uncertain = since if self._uncertain is None else min(since, self._uncertain)
                 raise table_error(exc, self.loc, "reading the episode table log") from exc
         raise AssertionError("unreachable")
+
+    def _carries(self, version: int, token: str) -> bool:
+        """Whether the log entry of ``version`` is a commit carrying ``token`` (a missing entry: no).
+
+        The entry is read as a file (deltalake's ``history()`` on S3 fails
+        with "Generic S3 error" without sending a request, deltalake 1.6).
+        """
+        try:
+            text = self.loc.read_text(*layout.log_entry_parts(version))
+        except FileNotFoundError:
+            return False  # cleaned up behind a checkpoint: far older than a commit still in doubt
+        for line in text.splitlines():
+            if '"commitInfo"' in line:
+                info = json.loads(line).get("commitInfo") or {}
+                return bool(info.get(TOKEN_KEY) == token)
+        return False
 
     def _compact_in_background(self) -> None:
         """Start :func:`compact_table` on a thread of its own, so the commit that triggered it returns at once.
@@ -924,7 +951,7 @@ def _props(operation: str, token: str | None, added: int, removed: int) -> Commi
     return CommitProperties(custom_metadata=meta, max_commit_retries=0)
 
 
-def _rows_token(rows: pa.Table) -> str:
+def rows_token(rows: pa.Table) -> str:
     """A token for the commit of ``rows``, the same for every attempt to commit them (episode ids are unique)."""
     if not len(rows):
         return uuid.uuid4().hex

@@ -58,6 +58,7 @@ from ..storage.faults import clean_text, storage_fault
 from ..storage.frames import FrameArray
 from ..storage.rows import QUARANTINED, build_rows
 from ..storage.store import Store
+from ..storage.table import rows_token
 from ..storage.tensors import TensorArray
 from .gate import admit, gated
 
@@ -191,6 +192,7 @@ class CommitSink:
         self.awaiting: list[HeldEpisode] = []  # finished, held by their writer until required meta arrive
         self.pid = os.getpid()
         self.lock = threading.RLock()
+        self.in_doubt: InDoubt | None = None  # a commit whose outcome a storage fault left unknown
 
     def _check_process(self) -> None:
         if os.getpid() != self.pid:
@@ -289,6 +291,8 @@ class CommitSink:
         return dropped
 
     def _forget_pending(self) -> None:
+        if self.in_doubt is not None:  # dropped: a commit found landed later takes none of the new pending ones
+            self.in_doubt = dataclasses.replace(self.in_doubt, queued=0)
         self.pending = []
         self.pending_count = 0
         self.pending_bytes = 0
@@ -320,6 +324,9 @@ class CommitSink:
             return None
         self._check_process()
         with _defer_sigint():
+            version = self.settle()
+            if not self.pending:  # every pending episode was in the commit that landed
+                return version
             return self._commit(self._pending_batch())
 
     @_locked
@@ -330,9 +337,10 @@ class CommitSink:
         batch's size; nothing of it is visible unless the whole commit lands.
         """
         self._check_process()
-        queued = [self._pending_batch()] if self.pending else []
         with _defer_sigint():
-            return self._commit(concat_batches(self.schema, [*queued, batch]))
+            self.settle()
+            queued = [self._pending_batch()] if self.pending else []
+            return self._commit(concat_batches(self.schema, [*queued, batch]), len(batch))
 
     @_locked
     def preview(self, held: tuple[int, int] | None) -> tuple[tuple[int, int], tuple[EpisodeBatch, np.ndarray] | None]:
@@ -385,10 +393,73 @@ class CommitSink:
             parts.append(batch_of(self.schema, run))
         return concat_batches(self.schema, parts)
 
-    def _commit(self, batch: EpisodeBatch) -> int:
+    @_locked
+    def settle(self) -> int | None:
+        """Resolve the commit whose outcome a storage fault left unknown, before anything else is committed.
+
+        Did a commit carrying its token land after the version it read? Yes:
+        its episodes count as committed (their ids are taken, the pending ones
+        it held are no longer pending) and the version it landed in or after
+        is returned; no: nothing changes (its episodes stay pending) and None
+        is returned, as when no outcome is unknown. A log that cannot be read
+        raises :class:`StorageError` and the outcome stays unknown, so no
+        episode is ever committed twice, whatever the next batch holds.
+        """
+        doubt = self.in_doubt
+        if doubt is None:
+            return None
+        try:
+            landed = self.store.table.find_commit(doubt.token, doubt.since)
+        except Exception as exc:
+            err = storage_fault(
+                exc,
+                dataset=self.store.location.url,
+                object=self.store.location.delta_uri(),
+                doing=f"finding out whether the commit of {doubt.episodes} episode(s) that failed landed",
+            )
+            if err is None:
+                raise
+            raise err from exc
+        self.in_doubt = None
+        if not landed:
+            return None
+        self.seq += doubt.episodes
+        rest = self._drop_queued(doubt.queued)
+        self.pending = []
+        self.pending_count = 0
+        self.pending_bytes = 0
+        self.generation += 1
+        if rest:
+            self.first_pending_at = time.monotonic()
+            for item in rest:
+                self.pending.append(item)
+                self.pending_count += 1 if isinstance(item, FinishedEpisode) else len(item)
+                self.pending_bytes += item.nbytes
+        else:
+            self.first_pending_at = None
+        self._update_live()
+        self.store.committed()
+        return self.store.version
+
+    def _drop_queued(self, count: int) -> list[FinishedEpisode | EpisodeBatch]:
+        """The pending items after the first ``count`` episodes (a bulk batch cut where they end)."""
+        rest: list[FinishedEpisode | EpisodeBatch] = []
+        seen = 0
+        for item in self.pending:
+            n = 1 if isinstance(item, FinishedEpisode) else len(item)
+            if seen >= count:
+                rest.append(item)
+            elif seen + n > count:
+                assert isinstance(item, EpisodeBatch)  # one FinishedEpisode is never cut
+                rest.append(item.take(self.schema.step_fields, count - seen, n))
+            seen += n
+        return rest
+
+    def _commit(self, batch: EpisodeBatch, extra: int = 0) -> int:
+        """Commit ``batch``: the pending episodes, then ``extra`` more of a bulk call (not pending)."""
         where = [""]  # the object being written, for the error of a storage fault
         try:
-            return self._write(batch, where)
+            return self._write(batch, where, extra)
         except Exception as exc:
             err = storage_fault(
                 exc, dataset=self.store.location.url, object=where[0], doing=f"committing {len(batch)} episode(s)"
@@ -397,7 +468,7 @@ class CommitSink:
                 raise
             raise err from exc  # the episodes stay pending: nothing of this commit is referenced
 
-    def _write(self, batch: EpisodeBatch, where: list[str]) -> int:
+    def _write(self, batch: EpisodeBatch, where: list[str], extra: int = 0) -> int:
         if self.schema is not self.store.schema:  # a schema edit landed after these episodes were recorded
             raise SchemaError(
                 f"dataset {self.store.location.url}: its fields were edited (version {self.store.version}) after "
@@ -433,7 +504,14 @@ class CommitSink:
         quality = batch.failed is not None or QUARANTINED in {f.name for f in self.store.table.dt.schema().fields}
         rows = build_rows(self.schema, batch, summary, self.name, ids, refs, quality)
         where[0] = self.store.location.delta_uri()
-        version = self.store.append(rows)  # evicts in the same commit when the dataset has a capacity
+        token = rows_token(rows)  # found in the log; the same rows (ids) always get the same one
+        since = self.store.table.version  # the commit lands after it, if at all
+        try:
+            version = self.store.append(rows, token)  # evicts in the same commit when the dataset has a capacity
+        except BaseException:
+            # Its reply may be lost although it landed: settle() finds out before the next commit.
+            self.in_doubt = InDoubt(token, since, len(batch), len(batch) - extra)
+            raise
         self.seq += len(batch)
         self._forget_pending()
         self.store.committed()
@@ -441,6 +519,22 @@ class CommitSink:
 
 
 _NAMED_AT_EXIT = 20  # pending episodes described one by one in the exit line
+
+
+@dataclasses.dataclass(frozen=True)
+class InDoubt:
+    """A commit whose outcome is unknown (a storage fault after its log write may have been sent).
+
+    ``token``: its token in the log; ``since``: the table version it read
+    (it lands after it, if at all); ``episodes``: how many episodes it held
+    (numbered from the sink's ``seq``); ``queued``: how many of them were the
+    first pending ones (the rest came from a bulk call, which raised).
+    """
+
+    token: str
+    since: int
+    episodes: int
+    queued: int
 
 
 def _check_writable(store: Store) -> None:
