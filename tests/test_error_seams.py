@@ -87,8 +87,9 @@ def test_an_interrupted_create_is_named_as_such(tmp_path):
     folder = tmp_path / "ds"
     el.Dataset.create(schema(), str(folder))
     (folder / "episodelake.json").unlink()  # as if the process died before writing its descriptor
-    with pytest.raises(el.DatasetExistsError, match="holds an incomplete dataset"):
-        el.Dataset.create(schema(), str(folder), overwrite=True)
+    with pytest.raises(el.DatasetExistsError, match=r"holds an incomplete dataset .*overwrite=True to start over"):
+        el.Dataset.create(schema(), str(folder))
+    assert len(el.Dataset.create(schema(), str(folder), overwrite=True)) == 0  # issue 40: starts over
 
 
 def test_new_empty_and_dataset_folders_still_work(tmp_path):

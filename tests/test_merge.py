@@ -270,3 +270,25 @@ def test_a_merge_refuses_settings_that_differ_unless_given(tmp_path):
     done = cli("merge", str(tmp_path / "a"), str(tmp_path / "c"), str(tmp_path / "m3"), "--no-capacity", "--quiet")
     assert done.returncode == 0, done.stderr
     assert el.Dataset.open(str(tmp_path / "m3")).quality.list() == (QUARANTINE_13,)
+
+
+def test_the_leftover_of_a_killed_merge_is_named_and_overwrite_starts_over(tmp_path):
+    """Issue 40: a merge killed after writing the destination's table but before its ``episodelake.json`` (the
+    state is made here by removing the descriptor) left a folder no call could reuse (deltalake's "A Delta Lake
+    table already exists"). Without overwrite the error names the leftover and how to clear it; with
+    ``overwrite=True`` the merge starts over."""
+    a_raws, b_raws = raw_set(3, 3), raw_set(4, 2)
+    a = build(a_raws, str(tmp_path / "a"))
+    b = build(b_raws, str(tmp_path / "b"))
+    target = tmp_path / "m"
+    el.merge([a, b], str(target))
+    (target / "episodelake.json").unlink()
+    with pytest.raises(el.DatasetNotFoundError):
+        el.Dataset.open(str(target))
+    for again in (lambda: el.merge([a, b], str(target)), lambda: el.Dataset.create(robot_schema(), str(target))):
+        with pytest.raises(el.DatasetExistsError, match=r"incomplete dataset \(episodes, tensors but no") as info:
+            again()
+        assert "overwrite=True to start over" in str(info.value) and str(target) in str(info.value)
+    merged = el.merge([a, b], str(target), overwrite=True)
+    assert len(merged) == 5 and merged.maintenance.validate().ok
+    assert len(el.Dataset.open(str(target))) == 5

@@ -97,9 +97,11 @@ def check_target(location: Location, overwrite: bool) -> bool:
     anything is written) when the new dataset must not be created there.
 
     Created only in a folder that does not exist, an empty one, or (with
-    ``overwrite``) one holding a dataset (its ``episodelake.json``). A file,
-    or a folder holding anything else, is refused whatever ``overwrite``
-    says: a new dataset never writes beside, nor deletes, files it did not make.
+    ``overwrite``) one holding a dataset (its ``episodelake.json``) or the
+    leftover of a creation that was killed (a create, copy or merge: only a
+    dataset's own folders, no ``episodelake.json``). A file, or a folder
+    holding anything else, is refused whatever ``overwrite`` says: a new
+    dataset never writes beside, nor deletes, files it did not make.
     """
     with storage_faults(location, location.child_url(layout.DESCRIPTOR), "creating the dataset"):
         if location.exists(layout.DESCRIPTOR):
@@ -118,9 +120,12 @@ def check_target(location: Location, overwrite: bool) -> bool:
     if entries:
         names = {str(e).rstrip("/").rsplit("/", 1)[-1] for e in entries}
         if names <= {layout.TABLE, layout.TENSORS, layout.DERIVED, *layout.CACHE}:
+            if overwrite:
+                return True  # the leftover of a killed create/copy/merge: started over
             raise DatasetExistsError(
-                f"{location.url} holds an incomplete dataset (no {layout.DESCRIPTOR}: its creation was "
-                "interrupted): remove the folder or give another path (overwrite=True replaces only a dataset)"
+                f"{location.url} holds an incomplete dataset ({', '.join(sorted(names))} but no "
+                f"{layout.DESCRIPTOR}: a create, copy or merge there was interrupted); pass overwrite=True to "
+                "start over (it deletes that leftover), or remove the folder"
             )
         raise DatasetExistsError(
             f"{location.url} is not empty and holds no episodelake dataset (no {layout.DESCRIPTOR}): a dataset is "
