@@ -48,7 +48,7 @@ if TYPE_CHECKING:  # the names for type checkers and editors; at run time they l
     from .viewer import view
     from .write.writer import EpisodeWriter, VectorEpisodeWriter
 
-__version__ = "0.8.0"
+__version__ = "0.9.0"
 
 _ERRORS = (
     "ArgumentError CommitConflictError CorruptionError DatasetExistsError DatasetNotFoundError EpisodeLakeError "
