@@ -182,3 +182,34 @@ def test_503s_dropped_connections_and_lost_responses_lose_nothing(s3_server, s3_
         assert np.isin(batch.episode_id, reader.episode_ids).all()
         assert proxy.injected["503"] > 0 and proxy.injected["drop"] > 0 and proxy.injected["lose"] > 0
     check_in_fresh_process(s3_url, s3_server.storage_options, 13, 24, 24)
+
+
+def test_an_outage_after_the_descriptor_and_under_refresh_and_sql_is_a_storage_error_naming_the_endpoint(
+    s3_server, s3_url
+):
+    """Issue 40, 2: with the Delta log unreachable after the descriptor was read, ``Dataset.open`` raised a raw
+    ``OSError`` with ANSI colour codes; ``ds.refresh()`` did too with the endpoint down. Each is a StorageError
+    naming the dataset and the endpoint, in plain text; a SQL read during the outage is no CorruptionError."""
+    eps = make_episodes(14, 2)
+    with FaultProxy(s3_server.endpoint, match="_delta_log") as proxy:
+        opts = options(proxy, s3_server.storage_options)
+        endpoint = opts["endpoint_url"]
+        ds = el.Dataset.create(robot_schema(), s3_url, storage_options=opts)
+        ds.append_episodes(e.as_dict(unwrap_action=True) for e in eps)
+        ds.flush()
+        proxy.set_faults(drop=1.0)  # the descriptor reads, the log does not
+        with pytest.raises(el.StorageError) as opened:
+            el.Dataset.open(s3_url, storage_options=opts)
+        proxy.set_faults()
+        proxy.set_down(True)
+        with pytest.raises(el.StorageError) as refreshed:
+            ds.refresh()
+        with pytest.raises(el.StorageError) as queried:
+            ds.sql("SELECT count(*) FROM steps").fetchall()
+        for err in (opened.value, refreshed.value, queried.value):
+            assert_names(err, s3_url)
+            assert endpoint in str(err) and "\x1b" not in str(err), str(err)
+            assert not isinstance(err, el.CorruptionError)
+        proxy.set_down(False)
+        ds.refresh()
+        assert len(ds) == 2

@@ -13,6 +13,7 @@ Readers of a snapshot see exactly the episodes of its version.
 
 from __future__ import annotations
 
+import errno
 import gc
 import os
 import threading
@@ -39,7 +40,7 @@ from ..core.stats import STATS_PREFIX
 from ..storage import layout, table_cache
 from ..storage.arrays import ArrayReader, split_ref
 from ..storage.engine import engine_usable
-from ..storage.faults import storage_fault
+from ..storage.faults import clean_text, storage_fault
 from ..storage.planned import PlainArray, read_many
 from ..storage.rows import QUARANTINED
 from ..storage.side_table import ID, DerivedState, side_values
@@ -283,23 +284,44 @@ class Snapshot:
         Damage names the file: each file is read again until one fails.
         """
         doing = f"reading the episode table (version {self.version})"
-        fault = storage_fault(exc, dataset=self.loc.url, doing=doing)
+        endpoint = self.loc.endpoint
+        fault = storage_fault(exc, dataset=self.loc.url, doing=doing, endpoint=endpoint)
         if fault is None:  # object stores may word an unreachable endpoint as a missing file: ask the storage
             try:
                 EpisodeTable.open(self.loc, self.version).stored_files()
             except Exception as probe:  # a diagnosis: whatever else it hits, the read's own error stands
-                fault = storage_fault(probe, dataset=self.loc.url, doing=doing)
+                fault = storage_fault(probe, dataset=self.loc.url, doing=doing, endpoint=endpoint)
         if fault is not None:
             return fault
+        # Damage is said only of a file that fails again: each file is read once more (Arrow does not always
+        # name the damaged one); when every file reads, the failure was the storage's, not the data's.
         where = f"{self.loc.url} version {self.version}: episode table unreadable"
-        for fragment in self.arrow_dataset().get_fragments():  # Arrow does not always name the damaged file
-            try:
-                names = fragment.physical_schema.names
-                fragment.to_table(columns=None if columns is None else [c for c in columns if c in names])
-            except (OSError, pa.ArrowException):
-                where += f" at {self.loc.child(*layout.table_parts(fragment.path))}"
-                break
-        return CorruptionError(f"{where}: {exc}")
+        damaged = None
+        try:
+            for fragment in self.arrow_dataset().get_fragments():
+                try:
+                    names = fragment.physical_schema.names
+                    fragment.to_table(columns=None if columns is None else [c for c in columns if c in names])
+                except (OSError, pa.ArrowException) as again:
+                    fault = storage_fault(again, dataset=self.loc.url, doing=doing, endpoint=endpoint)
+                    if fault is not None:
+                        return fault
+                    damaged = self.loc.child(*layout.table_parts(fragment.path))
+                    break
+        except Exception as listing:  # the file list itself: an outage, or damage the read already reported
+            fault = storage_fault(listing, dataset=self.loc.url, doing=doing, endpoint=endpoint)
+            if fault is not None:
+                return fault
+            return CorruptionError(f"{where}: {exc}")
+        if damaged is None and not self.loc.is_local:
+            return StorageError(
+                f"{doing} failed at dataset {self.loc.url} (endpoint {endpoint}): every table file read again "
+                f"without fault, so the storage failed, not the data; read again ({clean_text(str(exc))[:300]})",
+                errno=errno.EIO,
+                dataset=self.loc.url,
+                object=self.loc.delta_uri(),
+            )
+        return CorruptionError(f"{where}{' at ' + damaged if damaged else ''}: {exc}")
 
     def arrow_dataset(self):
         """The table at this version as an Arrow dataset: every row (quarantined ones too)."""

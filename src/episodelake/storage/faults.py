@@ -139,12 +139,14 @@ def _known(code: int) -> tuple[int, str]:
     return (_errno.ENOSPC if code == _errno.EDQUOT else code), _WORDS[code]
 
 
-def storage_fault(exc: BaseException, *, dataset: str = "", object: str = "", doing: str = "") -> StorageError | None:
+def storage_fault(
+    exc: BaseException, *, dataset: str = "", object: str = "", doing: str = "", endpoint: str = ""
+) -> StorageError | None:
     """The :class:`StorageError` ``exc`` stands for, or ``None`` when it is not a storage fault.
 
-    The message names the dataset, the object and what was being done, says the cause in plain words, and
-    ends with the original text (colour codes and NUL separators removed). The caller chains ``exc``:
-    ``raise err from exc``.
+    The message names the dataset, the object, the object store's ``endpoint`` (when given) and what was
+    being done, says the cause in plain words, and ends with the original text (colour codes and NUL
+    separators removed). The caller chains ``exc``: ``raise err from exc``.
     """
     found = _classify(exc)
     if found is None:
@@ -152,7 +154,8 @@ def storage_fault(exc: BaseException, *, dataset: str = "", object: str = "", do
     code, words = found
     if isinstance(exc, StorageError):
         return exc
-    where = " ".join(p for p in (f"dataset {dataset}" if dataset else "", f"object {object}" if object else "") if p)
+    parts = (f"dataset {dataset}" if dataset else "", f"object {object}" if object else "")
+    where = " ".join(p for p in (*parts, f"(endpoint {endpoint})" if endpoint else "") if p)
     head = f"{doing} failed" if doing else "storage failed"
     detail = clean_text(str(exc)).strip().splitlines()
     tail = f" ({type(exc).__name__}: {detail[0][:300]})" if detail else f" ({type(exc).__name__})"

@@ -186,7 +186,13 @@ class Fetcher:
 
     def _fault(self, exc: BaseException, path: str) -> BaseException:
         """The error a failed read of ``path`` raises: a :class:`StorageError` for storage faults, else ``exc``."""
-        err = storage_fault(exc, dataset=self.loc.url, object=f"{self.loc.protocol}://{path}", doing="reading")
+        err = storage_fault(
+            exc,
+            dataset=self.loc.url,
+            object=f"{self.loc.protocol}://{path}",
+            doing="reading",
+            endpoint=self.loc.endpoint,
+        )
         return exc if err is None else err
 
     def _kvstore(self) -> ts.KvStore:

@@ -192,6 +192,13 @@ class Location:
             return self.child(*parts)
         return f"{self.protocol}://" + self.child(*parts)
 
+    @property
+    def endpoint(self) -> str:
+        """The object store's endpoint as given (``endpoint_url``), the provider's default named, "" on local disk."""
+        if self.is_local:
+            return ""
+        return _endpoint(self.storage_options) or f"the default {self.protocol}:// endpoint"
+
     def delta_uri(self) -> str:
         return self.child_url(*layout.table_parts())
 

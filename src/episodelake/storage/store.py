@@ -86,7 +86,7 @@ def storage_faults(location: Location, where: str, doing: str) -> Iterator[None]
     except EpisodeLakeError:
         raise
     except Exception as exc:
-        err = storage_fault(exc, dataset=location.url, object=where, doing=doing)
+        err = storage_fault(exc, dataset=location.url, object=where, doing=doing, endpoint=location.endpoint)
         if err is None:
             raise
         raise err from exc
@@ -275,7 +275,13 @@ class Store:
         try:
             table = EpisodeTable.open(location, version)
         except DeltaError as exc:  # the log itself is damaged: name the entries that do not parse
-            err = storage_fault(exc, dataset=location.url, object=location.delta_uri(), doing="opening the table")
+            err = storage_fault(
+                exc,
+                dataset=location.url,
+                object=location.delta_uri(),
+                doing="opening the table",
+                endpoint=location.endpoint,
+            )
             if err is not None:
                 raise err from exc
             bad = "; ".join(f"{path}: {what}" for path, what in log_problems(location)) or "no unparseable entry found"

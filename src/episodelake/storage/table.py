@@ -143,10 +143,11 @@ class EpisodeTable:
                 ) from exc
             raise DatasetNotFoundError(f"no episode table at {loc.delta_uri()}") from exc
         except Exception as exc:  # deltalake raises plain errors for unknown versions
+            doing = "opening the episode table" if version is None else f"opening version {version}"
+            fault = storage_fault(exc, dataset=loc.url, object=loc.delta_uri(), doing=doing, endpoint=loc.endpoint)
+            if fault is not None:  # an unreachable store says nothing about whether the version exists
+                raise fault from exc
             if version is not None:
-                fault = storage_fault(exc, dataset=loc.url, object=loc.delta_uri(), doing=f"opening version {version}")
-                if fault is not None:  # an unreachable store says nothing about whether the version exists
-                    raise fault from exc
                 raise ArgumentError(f"version {version} does not exist at {loc.url}: {exc}") from exc
             raise
         return cls(loc, dt)
@@ -159,7 +160,10 @@ class EpisodeTable:
         """Move to the latest version; on local disk a no-op costs one file lookup (a learner polls this)."""
         if self.loc.is_local and not self._newer_on_disk():
             return
-        self.dt.update_incremental()
+        try:
+            self.dt.update_incremental()
+        except Exception as exc:
+            raise table_error(exc, self.loc, "refreshing the episode table") from exc
 
     def _newer_on_disk(self) -> bool:
         """Whether the log holds a version after the pinned one: its entry, or a newer checkpoint.
@@ -1004,7 +1008,7 @@ def table_error(exc: BaseException, loc: Location, doing: str) -> EpisodeLakeErr
     """
     if isinstance(exc, EpisodeLakeError):
         return exc
-    err = storage_fault(exc, dataset=loc.url, object=loc.delta_uri(), doing=doing)
+    err = storage_fault(exc, dataset=loc.url, object=loc.delta_uri(), doing=doing, endpoint=loc.endpoint)
     if err is not None:
         return err
     if isinstance(exc, DeltaError | OSError | pa.ArrowException):

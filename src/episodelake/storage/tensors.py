@@ -40,7 +40,7 @@ def make_context(durable: bool = False, cache_bytes: int = 0) -> ts.Context:
 def fault(exc: BaseException, loc: Location, where: str, doing: str) -> BaseException:
     """What a failed TensorStore operation on ``where`` raises: a :class:`StorageError` for storage faults, else
     ``exc`` (the caller decides whether that is corruption)."""
-    err = storage_fault(exc, dataset=loc.url, object=where, doing=doing)
+    err = storage_fault(exc, dataset=loc.url, object=where, doing=doing, endpoint=loc.endpoint)
     return exc if err is None else err
 
 

@@ -416,6 +416,7 @@ class CommitSink:
                 dataset=self.store.location.url,
                 object=self.store.location.delta_uri(),
                 doing=f"finding out whether the commit of {doubt.episodes} episode(s) that failed landed",
+                endpoint=self.store.location.endpoint,
             )
             if err is None:
                 raise
@@ -462,7 +463,11 @@ class CommitSink:
             return self._write(batch, where, extra)
         except Exception as exc:
             err = storage_fault(
-                exc, dataset=self.store.location.url, object=where[0], doing=f"committing {len(batch)} episode(s)"
+                exc,
+                dataset=self.store.location.url,
+                object=where[0],
+                doing=f"committing {len(batch)} episode(s)",
+                endpoint=self.store.location.endpoint,
             )
             if err is None:
                 raise
