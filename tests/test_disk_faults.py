@@ -361,3 +361,18 @@ def test_panic_reports_are_dropped_from_stderr_only_when_the_block_failed(capfd)
         os.write(2, written.encode())
         raise RuntimeError("the commit failed")
     assert capfd.readouterr().err == "kept before\nkept between\nkept after\n"
+
+
+def test_compact_on_a_read_only_mount_opened_writable_raises_erofs(read_only_mount):
+    """Issue 40, 5: ``maintenance.compact()`` on a read-only mount raised a raw ``OSError`` creating its lock
+    file; it is a StorageError (EROFS) naming the dataset and the lock, like every other write."""
+    src, mnt = read_only_mount
+    before = tree_digest(src)
+    ds = el.Dataset.open(str(mnt / "ds"))
+    with pytest.raises(el.StorageError) as info:
+        ds.maintenance.compact()
+    err = info.value
+    assert err.errno == errno.EROFS and "_episodelake_compact.lock" in str(err), str(err)
+    assert err.dataset == str(mnt / "ds")
+    check_plain(str(err))
+    assert tree_digest(src) == before

@@ -923,12 +923,18 @@ def _lock_compaction(loc: Location) -> bool:
             os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
             return True
         except FileExistsError:
-            try:
-                if time.time() - os.path.getmtime(path) < COMPACT_LOCK_STALE_S:
-                    return False
-                os.remove(path)  # left by a compactor that was killed
-            except FileNotFoundError:
-                pass
+            pass
+        except OSError as exc:  # a read-only mount (EROFS), a full disk, no permission: like every other write
+            err = storage_fault(exc, dataset=loc.url, object=path, doing="compaction (taking its lock)")
+            if err is None:
+                raise
+            raise err from exc
+        try:
+            if time.time() - os.path.getmtime(path) < COMPACT_LOCK_STALE_S:
+                return False
+            os.remove(path)  # left by a compactor that was killed
+        except FileNotFoundError:
+            pass
     return False
 
 
