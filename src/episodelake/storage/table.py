@@ -660,15 +660,22 @@ def vacuum_table_files(loc: Location, parts: tuple[str, ...], retention_hours: f
     raise AssertionError("unreachable")
 
 
+def _table_to_vacuum(loc: Location, uri: str) -> DeltaTable | None:
+    """The Delta table at ``uri`` for a vacuum; None when there is none (nothing to vacuum)."""
+    try:
+        return DeltaTable(uri, storage_options=loc.delta_options())
+    except TableNotFoundError:
+        return None
+    except Exception as exc:
+        raise table_error(exc, loc, f"vacuum of {uri}") from exc
+
+
 def _vacuum_once(loc: Location, parts: tuple[str, ...], retention_hours: float, dry_run: bool) -> list[str]:
     """One attempt of :func:`vacuum_table_files` (CommitFailedError when its log entry conflicts)."""
     uri = loc.child_url(*parts)
-    try:
-        dt = DeltaTable(uri, storage_options=loc.delta_options())
-    except TableNotFoundError:
+    dt = _table_to_vacuum(loc, uri)
+    if dt is None:
         return []
-    except Exception as exc:
-        raise table_error(exc, loc, f"vacuum of {uri}") from exc
     now = time.time()
     hours = math.ceil(retention_hours) if retention_hours > 0 else 0
     try:
@@ -719,12 +726,9 @@ def vacuum_table_window(loc: Location, parts: tuple[str, ...], keep_versions: in
     ``VACUUM`` entries: the window counts the episodes' versions only).
     """
     uri = loc.child_url(*parts)
-    try:
-        dt = DeltaTable(uri, storage_options=loc.delta_options())
-    except TableNotFoundError:
+    dt = _table_to_vacuum(loc, uri)
+    if dt is None:
         return []
-    except Exception as exc:
-        raise table_error(exc, loc, f"vacuum of {uri}") from exc
     now = time.time()
     latest = dt.version()
     oldest_kept = latest - keep_versions + 1  # the oldest version whose files stay
