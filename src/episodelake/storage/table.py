@@ -1041,4 +1041,3 @@ def join_compactions() -> None:
 
 
 lifecycle.on_exit("compactions", join_compactions)  # after the exit commit, which may start one
-lifecycle.on_exit("cache writes", table_cache.wait)  # entries the last stats() decoded, written whole

@@ -47,6 +47,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from ..core import lifecycle
 from . import layout
 from .location import Location
 
@@ -219,3 +220,6 @@ def _mtime(path: str) -> float:
         return os.stat(path).st_mtime
     except FileNotFoundError:
         return float("inf")
+
+
+lifecycle.on_exit("cache writes", wait)  # entries the last stats() decoded are written whole before exit
