@@ -92,6 +92,17 @@ def storage_faults(location: Location, where: str, doing: str) -> Iterator[None]
         raise err from exc
 
 
+def _remove_written(location: Location) -> None:
+    """Remove what a failed create wrote into its (new or emptied) folder, so a retry finds it empty.
+
+    Best effort: the create's own error is the one raised, whatever this meets.
+    """
+    with contextlib.suppress(Exception):
+        for child in location.fs.ls(location.path, detail=False):
+            with contextlib.suppress(FileNotFoundError):
+                location.fs.rm(child, recursive=True)
+
+
 def check_target(location: Location, overwrite: bool) -> bool:
     """Whether a dataset at ``location`` is to be replaced by a new one; :class:`DatasetExistsError` (before
     anything is written) when the new dataset must not be created there.
@@ -230,9 +241,13 @@ class Store:
         }
         if capacity is not None:
             descriptor["capacity"] = capacity.to_json()
-        table = EpisodeTable.create(location, arrow_schema(schema), parts)
-        # The descriptor is written last: its presence marks a complete dataset.
-        location.write_text_atomic(json.dumps(descriptor, indent=2), layout.DESCRIPTOR)
+        try:
+            table = EpisodeTable.create(location, arrow_schema(schema), parts)
+            # The descriptor is written last: its presence marks a complete dataset.
+            location.write_text_atomic(json.dumps(descriptor, indent=2), layout.DESCRIPTOR)
+        except BaseException:
+            _remove_written(location)  # the folder was new or empty (check_target): what is there, this wrote
+            raise
         return cls(location, descriptor, table, durable=durable)
 
     @classmethod
