@@ -350,6 +350,9 @@ CASES: list[tuple[str, Callable[[el.Dataset], object], type[Exception], str]] = 
     ("copy check unknown column", lambda ds: ds.copy_to(None, checks=[el.Check("bad", "nosuchcol > 1")]), el.QueryError, r"Check 'bad': predicate 'nosuchcol > 1'"),
     ("copy checks not checks", lambda ds: ds.copy_to(None, checks="x"), el.ArgumentError, r"checks must be an iterable of Check, got str"),
     ("copy partition not meta", lambda ds: ds.copy_to(None, partition_by=["nosuch"]), el.SchemaError, r"partition_by 'nosuch' is not a meta field"),
+    ("align gap", lambda ds: el.align({"cam": (np.array([0.0, 0.1, 0.3]), np.zeros((3, 2)))}, np.array([0.0, 0.1, 0.2, 0.3]), tolerance=0.05), el.ValidationError, r"stream 'cam' has a gap at step 2 \(clock time 0.2 s\)"),
+    ("align rows mismatch", lambda ds: el.align({"cam": (np.array([0.0, 0.1]), np.zeros((3, 2)))}, np.array([0.0])), el.ValidationError, r"stream 'cam': 2 timestamps but values of shape \(3, 2\)"),
+    ("align bad method", lambda ds: el.align({"cam": (np.array([0.0, 0.1]), np.zeros((2, 2)))}, np.array([0.0]), method="cubic"), el.ArgumentError, r"stream 'cam': method 'cubic'; use one of"),
     ("copy bad chunk_rows", lambda ds: ds.copy_to(None, chunk_rows=0), el.SchemaError, r"field 'camera': chunk_rows"),
     ("copy unknown field key", lambda ds: ds.copy_to(None, chunk_rows={"nope": 3}), el.ArgumentError, r"'nope'"),
     # Ray Data sources (ray_data.py): checked before any Ray work starts
@@ -514,6 +517,7 @@ COVERS: dict[str, list[str]] = {
     "Dataset.copy_to": ["copy onto itself"],
     "Dataset.copy_to(dest)": ["copy onto itself"],
     "Dataset.copy_to(compression)": ["copy bad compression"],
+    "align": ["align gap", "align rows mismatch", "align bad method"],
     "Dataset.copy_to(backend)": ["copy bad backend"],
     "Dataset.copy_to(backend_options)": ["copy backend options"],
     "Dataset.copy_to(capacity)": ["copy negative capacity", "copy capacity text"],
