@@ -30,7 +30,9 @@ def data(tmp_path_factory):
 
 
 def one_epoch(sd: StreamDataset, workers: int) -> list[tuple[int, int]]:
-    loader = torch.utils.data.DataLoader(sd, batch_size=None, num_workers=workers)
+    loader = torch.utils.data.DataLoader(
+        sd, batch_size=None, num_workers=workers, multiprocessing_context="fork" if workers else None
+    )
     return [(int(e), int(s)) for b in loader for e, s in zip(b.episode_id, b.start, strict=True)]
 
 

@@ -53,7 +53,9 @@ class StreamDataset(IterableDataset):
     mixing) the stream is infinite; finite passes end the loader's epoch when
     every worker's share is done (resume exact within the pass). Each
     ``iter(loader)`` rebuilds the streams: call :meth:`set_epoch` before each
-    loader epoch so epochs differ.
+    loader epoch so epochs differ. Workers must be forked
+    (``multiprocessing_context="fork"``, Linux's default): the collection is
+    handed to them as it is, not pickled.
     """
 
     def __init__(
