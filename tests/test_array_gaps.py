@@ -48,11 +48,11 @@ url, options, seed = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
 commit = table.EpisodeTable.append
 calls = []
 
-def append(self, rows, *args):
+def append(self, rows, *args, **kwargs):
     calls.append(1)
     if len(calls) == 2:
         os.kill(os.getpid(), signal.SIGKILL)
-    return commit(self, rows, *args)
+    return commit(self, rows, *args, **kwargs)
 
 table.EpisodeTable.append = append
 ds = el.Dataset.open(url, storage_options=options, commit_episodes=10)

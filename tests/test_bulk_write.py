@@ -224,11 +224,11 @@ KILLED_IMPORT = textwrap.dedent(
     original = table.EpisodeTable.append
     calls = [0]
 
-    def append(self, rows, *args):
+    def append(self, rows, *args, **kwargs):
         calls[0] += 1
         if calls[0] == 4:  # the 4th batch's tensors are written, its table commit has not started
             os.kill(os.getpid(), signal.SIGKILL)
-        return original(self, rows, *args)
+        return original(self, rows, *args, **kwargs)
 
     table.EpisodeTable.append = append
     lengths = np.full(50, 3, dtype=np.int64)

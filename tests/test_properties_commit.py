@@ -71,7 +71,7 @@ def record_tensors_at_table_commit(monkeypatch, url: str, options: dict | None) 
     loc = resolve(url, options)
     real_append = Store.append
 
-    def append(self: Store, rows):
+    def append(self: Store, rows, *args, **kwargs):
         cols = rows.to_pydict()
         for writer, ref, length, k in zip(
             cols["writer"], cols["ref/observation/camera"], cols["length"], cols["k"], strict=True
@@ -82,7 +82,7 @@ def record_tensors_at_table_commit(monkeypatch, url: str, options: dict | None) 
             on_storage = arr[first : first + length + 1].read().result()
             np.testing.assert_array_equal(on_storage, camera_rows(k, length), f"episode k={k} not durable yet")
             checked.append(k)
-        return real_append(self, rows)
+        return real_append(self, rows, *args, **kwargs)
 
     monkeypatch.setattr(Store, "append", append)
     return checked

@@ -308,11 +308,12 @@ def test_copy_to_fails_when_the_written_copy_differs(tmp_path, monkeypatch, caps
     healthy = el.Dataset.open(str(tmp_path / "b"))
     append = table.EpisodeTable.append
 
-    def altered(self, rows):  # fault injection in the copy's own table writes
+    def altered(self, rows, *args, **kwargs):  # fault injection in the copy's own table writes
         col = rows.schema.get_field_index("return")
         values = rows["return"].to_pylist()
         values[0] += 1.0
-        return append(self, rows.set_column(col, "return", pa.array(values, rows.schema.field(col).type)))
+        altered_rows = rows.set_column(col, "return", pa.array(values, rows.schema.field(col).type))
+        return append(self, altered_rows, *args, **kwargs)
 
     monkeypatch.setattr(table.EpisodeTable, "append", altered)
     with pytest.raises(el.CorruptionError, match="column 'return' differs"):

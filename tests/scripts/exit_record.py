@@ -61,8 +61,8 @@ def sigint_in_first_commit() -> None:
     original = table.EpisodeTable.append
     sent = []
 
-    def append(self, rows, *args):
-        version = original(self, rows, *args)
+    def append(self, rows, *args, **kwargs):
+        version = original(self, rows, *args, **kwargs)
         if not sent:
             sent.append(True)
             os.kill(os.getpid(), signal.SIGINT)  # handled at the next bytecode: still inside the commit

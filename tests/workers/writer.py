@@ -100,14 +100,14 @@ def install_crash(path: str, crash: str, at: int) -> None:
     elif crash in ("before-commit", "parquet", "after-commit"):
         original_commit = table.EpisodeTable.append
 
-        def commit(self, rows, *args):
+        def commit(self, rows, *args, **kwargs):
             if not calls.tick():
-                return original_commit(self, rows, *args)
+                return original_commit(self, rows, *args, **kwargs)
             if crash == "before-commit":
                 halt("before-commit")
             if crash == "parquet":
                 threading.Thread(target=stop_on_new_parquet, args=(path, parquet_files(path)), daemon=True).start()
-            original_commit(self, rows, *args)
+            original_commit(self, rows, *args, **kwargs)
             halt("parquet" if crash == "parquet" else "after-commit")  # parquet: the commit won the race
 
         table.EpisodeTable.append = commit
