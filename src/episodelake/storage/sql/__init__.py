@@ -423,5 +423,8 @@ def limited(con: duckdb.DuckDBPyConnection, what: str) -> Iterator[None]:
         raise
     finally:
         run.end()
+        # the watcher is gone before the query's caller goes on: a daemon thread still inside DuckDB's
+        # interrupt() when the interpreter finalizes aborts the process ("exception not rethrown")
+        watcher.join()
         if limits is not None:
             limits._leave(run)
