@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -85,14 +86,21 @@ def write_import(
     if report is not None:
         return _reported_import(report, schema, episodes, dst, info, total, desc, progress, create_options)
     ds = Dataset.create(schema, dst, info=info, **create_options)
-    try:
+    with _all_or_nothing(ds):
         ds.append_episodes(track(episodes, total, desc, progress, unit="episode"))
+    return ds
+
+
+@contextlib.contextmanager
+def _all_or_nothing(ds: Dataset) -> Iterator[None]:
+    """Run the block's writes into the new dataset ``ds``, then flush; on any failure discard and remove it whole."""
+    try:
+        yield
         ds.flush()
     except BaseException:
         ds.flush(discard=True)  # pending episodes must not be committed later (atexit flush)
         ds.location.fs.rm(ds.location.path, recursive=True)
         raise
-    return ds
 
 
 def _reported_import(
@@ -115,13 +123,8 @@ def _reported_import(
         finish(report, info, None, started)
         return ds
     ds = Dataset.create(schema, dst, info=info, **create_options)
-    try:
+    with _all_or_nothing(ds):
         gated_write(ds, schema, tracked, report)
-        ds.flush()
-    except BaseException:
-        ds.flush(discard=True)
-        ds.location.fs.rm(ds.location.path, recursive=True)
-        raise
     finish(report, info, ds, started)
     return ds
 
